@@ -1,0 +1,181 @@
+"""The exceptions ipybox raises on the host.
+
+Every exception ipybox raises derives from `IpyboxError`. Mistakes in how ipybox is called are kept
+apart from failures at run time, so an application can let the first kind crash and handle the
+second::
+
+    IpyboxError
+    ├── UsageError                a wrong argument or option; the message names the fix
+    ├── SandboxUnavailable        the requested sandbox cannot be used on this machine
+    ├── KernelError               the kernel process failed
+    │   ├── KernelStartError      it did not become ready
+    │   └── KernelDied            it exited while running code (os._exit, a signal, OOM)
+    ├── ExecutionError            a code action did not complete normally
+    │   ├── CodeExecutionError    the code raised (ename, evalue, traceback)
+    │   ├── ExecutionTimeout      it ran past its timeout and was interrupted
+    │   └── ExecutionCancelled    it was cancelled
+    ├── ExecutionLost             an execution key or approval id is not known (any more)
+    ├── MCPServerError            an MCP server could not be reached or failed (server_name)
+    └── GenerationError           typed sources could not be generated for a server (server_name)
+
+Exceptions raised *inside the kernel* (for example when an application rejects a tool call) live in
+`ipybox_kernel`, which the sandboxed kernel imports without importing ipybox.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "CodeExecutionError",
+    "ExecutionCancelled",
+    "ExecutionError",
+    "ExecutionLost",
+    "ExecutionTimeout",
+    "GenerationError",
+    "IpyboxError",
+    "KernelDied",
+    "KernelError",
+    "KernelStartError",
+    "MCPServerError",
+    "SandboxUnavailable",
+    "UsageError",
+)
+
+
+class IpyboxError(Exception):
+    """Base class of every exception ipybox raises on the host."""
+
+
+class UsageError(IpyboxError, ValueError):
+    """ipybox was called with an argument or option that cannot work; the message names the fix."""
+
+
+class SandboxUnavailable(IpyboxError):
+    """The requested sandbox backend cannot run on this machine.
+
+    Attributes:
+        backend: The backend that was asked for (for example ``"bwrap"``).
+        reason: Why it cannot run, and how to make it run or opt out.
+    """
+
+    def __init__(self, backend: str, reason: str) -> None:
+        super().__init__(f"sandbox {backend!r} is not available: {reason}")
+        self.backend = backend
+        self.reason = reason
+
+
+class KernelError(IpyboxError):
+    """The kernel process failed."""
+
+
+class KernelStartError(KernelError):
+    """The kernel did not become ready.
+
+    Attributes:
+        output: What the kernel process wrote to stderr before it failed (last few KiB).
+    """
+
+    def __init__(self, message: str, *, output: str = "") -> None:
+        super().__init__(f"{message}\n{output}".rstrip())
+        self.output = output
+
+
+class KernelDied(KernelError):
+    """The kernel process exited while it was running code.
+
+    The executor starts a fresh kernel for the next execution; the state of the old one is lost.
+
+    Attributes:
+        exit_code: The process's exit status (negative for a signal), when known.
+    """
+
+    def __init__(self, exit_code: int | None) -> None:
+        how = "" if exit_code is None else (f" (exit code {exit_code})" if exit_code >= 0 else "")
+        if exit_code is not None and exit_code < 0:
+            how = f" (killed by signal {-exit_code})"
+        super().__init__(
+            f"the kernel died{how}; its state is lost and the next execution starts a fresh kernel"
+        )
+        self.exit_code = exit_code
+
+
+class ExecutionError(IpyboxError):
+    """A code action did not complete normally."""
+
+
+class CodeExecutionError(ExecutionError):
+    """The code raised an exception in the kernel.
+
+    Attributes:
+        ename: The exception's class name, e.g. ``"ZeroDivisionError"``.
+        evalue: The exception's message.
+        traceback: The traceback as plain text (no ANSI codes, no ipybox frames).
+        output: Text the code printed before it raised.
+    """
+
+    def __init__(self, ename: str, evalue: str, traceback: str, *, output: str = "") -> None:
+        super().__init__(f"{ename}: {evalue}\n{traceback}".rstrip())
+        self.ename = ename
+        self.evalue = evalue
+        self.traceback = traceback
+        self.output = output
+
+
+class ExecutionTimeout(ExecutionError, TimeoutError):
+    """The code ran longer than its timeout and was interrupted.
+
+    Time spent waiting for tool-call approval does not count against the timeout.
+
+    Attributes:
+        timeout: The timeout that was exceeded, in seconds.
+        restarted: True when the kernel ignored the interrupt and was restarted (its state is lost).
+        output: Text the code printed before it was stopped.
+    """
+
+    def __init__(self, timeout: float, *, restarted: bool, output: str = "") -> None:
+        tail = (
+            "; it did not stop on interrupt, so the kernel was restarted and its state is lost"
+            if restarted
+            else "; the kernel was interrupted and keeps its state"
+        )
+        super().__init__(f"code execution exceeded its timeout of {timeout:g} s{tail}")
+        self.timeout = timeout
+        self.restarted = restarted
+        self.output = output
+
+
+class ExecutionCancelled(ExecutionError):
+    """The execution was cancelled before it completed."""
+
+
+class ExecutionLost(IpyboxError, LookupError):
+    """An execution or approval request is not known to this executor (any more).
+
+    This happens when an application resumes after a restart, or after a paused execution expired.
+    The code is never run a second time to recover.
+    """
+
+
+class MCPServerError(IpyboxError):
+    """An MCP server could not be started, reached, or used.
+
+    Attributes:
+        server_name: The name the server is registered under.
+    """
+
+    def __init__(self, server_name: str, message: str) -> None:
+        super().__init__(f"MCP server {server_name!r}: {message}")
+        self.server_name = server_name
+
+
+class GenerationError(IpyboxError):
+    """Typed Python sources could not be generated for an MCP server.
+
+    The previously generated package, if any, is left as it was.
+
+    Attributes:
+        server_name: The server the sources were generated for.
+    """
+
+    def __init__(self, server_name: str, message: str) -> None:
+        super().__init__(f"cannot generate sources for MCP server {server_name!r}: {message}")
+        self.server_name = server_name

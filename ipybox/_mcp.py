@@ -1,0 +1,209 @@
+"""MCP server parameters, and connections to servers over stdio, streamable HTTP and SSE.
+
+Parameters are host-side configuration. They are never sent to, or written where, the sandboxed
+kernel can read them: the kernel names a server, the host looks its parameters up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Annotated, Any, Literal, TextIO
+
+import anyio
+import httpx2
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from ._exceptions import MCPServerError, UsageError
+
+__all__ = (
+    "HttpServer",
+    "ServerParams",
+    "StdioServer",
+    "describe_server",
+    "open_session",
+    "parse_server_params",
+    "resolve_placeholders",
+)
+
+# Long enough for `npx` to start a cached Node server on a loaded 2-core machine.
+CONNECT_TIMEOUT = 30.0
+
+_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class StdioServer(BaseModel):
+    """An MCP server the host starts as a subprocess and talks to over stdin/stdout."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["stdio"] = "stdio"
+    command: str = Field(min_length=1)
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
+    """Extra environment for the server. Values may hold ``${VAR}`` placeholders."""
+    cwd: str | None = None
+
+
+class HttpServer(BaseModel):
+    """A running MCP server reached over streamable HTTP (the default) or SSE."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["streamable-http", "sse"] = "streamable-http"
+    url: str = Field(pattern=r"^https?://")
+    headers: Mapping[str, str] | None = None
+    """Extra HTTP headers, e.g. ``Authorization``. Values may hold ``${VAR}`` placeholders."""
+
+
+ServerParams = Annotated[StdioServer | HttpServer, Field(discriminator="type")]
+_server_params: TypeAdapter[StdioServer | HttpServer] = TypeAdapter(ServerParams)
+
+# Spellings of the transport used by MCP client configuration files in the wild.
+_TYPE_ALIASES = {
+    "http": "streamable-http",
+    "streamable_http": "streamable-http",
+    "streamableHttp": "streamable-http",
+    "streamable-http": "streamable-http",
+    "sse": "sse",
+    "stdio": "stdio",
+}
+
+
+def parse_server_params(params: Mapping[str, Any] | StdioServer | HttpServer) -> StdioServer | HttpServer:
+    """Validate server parameters given as a model or in the usual ``mcpServers`` JSON shape.
+
+    Accepts ``{"command": ..., "args": [...], "env": {...}}`` for stdio servers and
+    ``{"url": ..., "headers": {...}, "type": "sse"}`` for HTTP servers (``type`` or ``transport``
+    may be omitted for streamable HTTP).
+
+    Raises:
+        UsageError: The parameters do not describe a server; the message says what is wrong.
+    """
+    if isinstance(params, StdioServer | HttpServer):
+        return params
+    if not isinstance(params, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise UsageError(f"server parameters must be a mapping, got {type(params).__name__}")
+    data = dict(params)
+    kind = data.pop("transport", None) or data.get("type")
+    if kind is None:
+        kind = "stdio" if "command" in data else "streamable-http" if "url" in data else None
+    if kind is None:
+        raise UsageError("server parameters need either 'command' (stdio) or 'url' (HTTP or SSE)")
+    data["type"] = _TYPE_ALIASES.get(str(kind), kind)
+    try:
+        return _server_params.validate_python(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'params'}: {err['msg']}" for err in exc.errors()
+        )
+        raise UsageError(f"invalid MCP server parameters: {problems}") from None
+
+
+def resolve_placeholders(
+    params: StdioServer | HttpServer, environ: Mapping[str, str] | None = None
+) -> StdioServer | HttpServer:
+    """Replace ``${VAR}`` in args, env, cwd, URL and headers with values from the host environment.
+
+    Raises:
+        UsageError: A placeholder names a variable that is not set.
+    """
+    env = os.environ if environ is None else environ
+
+    def sub(text: str) -> str:
+        def one(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in env:
+                raise UsageError(f"server parameters use ${{{name}}}, but {name} is not set on the host")
+            return env[name]
+
+        return _PLACEHOLDER.sub(one, text)
+
+    if isinstance(params, StdioServer):
+        return params.model_copy(
+            update={
+                "command": sub(params.command),
+                "args": tuple(sub(a) for a in params.args),
+                "env": None if params.env is None else {k: sub(v) for k, v in params.env.items()},
+                "cwd": None if params.cwd is None else sub(params.cwd),
+            }
+        )
+    return params.model_copy(
+        update={
+            "url": sub(params.url),
+            "headers": None if params.headers is None else {k: sub(v) for k, v in params.headers.items()},
+        }
+    )
+
+
+def describe_server(params: StdioServer | HttpServer) -> str:
+    """What the host will run or call for a server, for approval prompts.
+
+    Environment and header *values* are left out (they are often secrets); their names are shown.
+    """
+    if isinstance(params, StdioServer):
+        line = shlex.join([params.command, *params.args])
+        extras = [f"env: {', '.join(sorted(params.env))}"] if params.env else []
+        if params.cwd:
+            extras.append(f"cwd: {params.cwd}")
+        return f"{line} ({'; '.join(extras)})" if extras else line
+    extra = f" (headers: {', '.join(sorted(params.headers))})" if params.headers else ""
+    return f"{params.type} {params.url}{extra}"
+
+
+@asynccontextmanager
+async def open_session(
+    name: str,
+    params: StdioServer | HttpServer,
+    *,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    errlog: TextIO = sys.stderr,
+) -> AsyncGenerator[ClientSession]:
+    """Connect to an MCP server and yield an initialized session.
+
+    ``${VAR}`` placeholders are resolved from the host environment here, at connect time.
+
+    Raises:
+        MCPServerError: The server could not be started or did not complete the MCP handshake.
+        UsageError: A placeholder names an unset variable.
+    """
+    resolved = resolve_placeholders(params)
+    async with AsyncExitStack() as stack:
+        try:
+            if isinstance(resolved, StdioServer):
+                server = StdioServerParameters(
+                    command=resolved.command,
+                    args=list(resolved.args),
+                    env=dict(resolved.env) if resolved.env else None,
+                    cwd=resolved.cwd,
+                )
+                read, write = await stack.enter_async_context(stdio_client(server, errlog=errlog))
+            elif resolved.type == "sse":
+                read, write = await stack.enter_async_context(
+                    sse_client(resolved.url, headers=dict(resolved.headers or {}), timeout=connect_timeout)
+                )
+            else:
+                client = await stack.enter_async_context(
+                    httpx2.AsyncClient(
+                        headers=dict(resolved.headers or {}),
+                        timeout=httpx2.Timeout(connect_timeout, read=300.0),
+                    )
+                )
+                read, write = await stack.enter_async_context(
+                    streamable_http_client(resolved.url, http_client=client)
+                )
+            session = await stack.enter_async_context(ClientSession(read, write))
+            with anyio.fail_after(connect_timeout):
+                await session.initialize()
+        except TimeoutError:
+            raise MCPServerError(name, f"no MCP handshake within {connect_timeout:g} s") from None
+        except (OSError, httpx2.HTTPError) as exc:
+            raise MCPServerError(name, f"cannot connect: {exc}") from exc
+        yield session
