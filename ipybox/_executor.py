@@ -127,9 +127,7 @@ class CodeExecutor:
         env.setdefault("LANG", "C.UTF-8")
         env.update(
             {
-                "PATH": os.pathsep.join(
-                    [str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]
-                ),
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
                 "PYTHONNOUSERSITE": "1",
                 "PYDEVD_DISABLE_FILE_VALIDATION": "1",
                 "MPLBACKEND": "module://matplotlib_inline.backend_inline",
@@ -451,9 +449,7 @@ class _Collector:
                 self._emit_text(text, name)
             case Display(data=data) if _TRUNCATED_MIME in data:
                 report: object = data[_TRUNCATED_MIME]
-                dropped = (
-                    cast("dict[str, object]", report).get("dropped") if isinstance(report, dict) else None
-                )
+                dropped = cast("dict[str, object]", report).get("dropped") if isinstance(report, dict) else None
                 if isinstance(dropped, int) and dropped > 0:
                     self.truncated += dropped
             case Display(kind=kind, data=data, metadata=metadata):
@@ -477,9 +473,7 @@ class _Collector:
             if not isinstance(content, str):
                 continue
             try:
-                raw = (
-                    content.encode() if mime == "image/svg+xml" else base64.b64decode(content, validate=False)
-                )
+                raw = content.encode() if mime == "image/svg+xml" else base64.b64decode(content, validate=False)
             except ValueError:
                 continue
             name = f"images/{self._execution.id}-{len(self._images) + 1}{suffix}"

@@ -194,9 +194,7 @@ class Kernel:
                     argv += [flag, str(value)]
             if sandbox is not None:
                 argv = [
-                    *bwrap_argv(
-                        sandbox, workspace=workspace, run_dir=run_dir, tools_dir=tools_dir, hidden=hidden
-                    ),
+                    *bwrap_argv(sandbox, workspace=workspace, run_dir=run_dir, tools_dir=tools_dir, hidden=hidden),
                     *argv,
                 ]
             process = await anyio.open_process(

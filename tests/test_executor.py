@@ -49,9 +49,7 @@ async def test_output_keeps_the_order_it_was_produced_in(executor: CodeExecutor)
 async def test_streamed_chunks_add_up_to_the_result_text(executor: CodeExecutor) -> None:
     chunks: list[CodeExecutionChunk] = []
     final: CodeExecutionResult | None = None
-    async for event in executor.execute(
-        "import sys\nfor i in range(5): print(i)\nprint('x', file=sys.stderr)"
-    ):
+    async for event in executor.execute("import sys\nfor i in range(5): print(i)\nprint('x', file=sys.stderr)"):
         if isinstance(event, CodeExecutionChunk):
             chunks.append(event)
         elif isinstance(event, CodeExecutionResult):
@@ -242,9 +240,7 @@ async def test_an_unsandboxed_kernel_runs_when_asked_for_explicitly(workspace: P
         assert result.text == f"{str(workspace)!r}\n"
 
 
-async def test_upload_and_download_copy_files_in_and_out_of_the_workspace(
-    workspace: Path, tmp_path: Path
-) -> None:
+async def test_upload_and_download_copy_files_in_and_out_of_the_workspace(workspace: Path, tmp_path: Path) -> None:
     src = tmp_path / "in.bin"
     src.write_bytes(b"\x00\x01payload")
     async with CodeExecutor(workspace=workspace) as ex:

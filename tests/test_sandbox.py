@@ -55,9 +55,7 @@ def home_secret() -> Generator[Path]:
         yield secret
 
 
-async def test_code_cannot_read_a_file_planted_in_the_host_home(
-    executor: CodeExecutor, home_secret: Path
-) -> None:
+async def test_code_cannot_read_a_file_planted_in_the_host_home(executor: CodeExecutor, home_secret: Path) -> None:
     assert await run(executor, attempt(f"open({str(home_secret)!r}).read()")) == "FileNotFoundError\n"
     # Only the path to the interpreter (pyenv lives in root's home here) may show in the home dir.
     listing = await run(
