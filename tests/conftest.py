@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ("servers.fixtures",)
+
 
 @pytest.fixture
 def anyio_backend() -> str:
