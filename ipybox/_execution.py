@@ -148,7 +148,7 @@ class Execution:
         self._approvals[request.id] = request
         return request
 
-    async def _ask(self, request: ApprovalRequest, timeout: float | None) -> ApprovalDecision:
+    async def _ask(self, request: ApprovalRequest, limit: float | None) -> ApprovalDecision:
         """Surface ``request`` as an event and wait for the application's decision.
 
         The execution's timeout clock stands still meanwhile.
@@ -159,10 +159,10 @@ class Execution:
         self._pending_changed = anyio.Event()
         try:
             self._reject_unanswerable()
-            with anyio.move_on_after(math.inf if timeout is None else timeout):
+            with anyio.move_on_after(math.inf if limit is None else limit):
                 return await request.wait()
             request.decide(
-                ApprovalDecision(approved=False, reason=f"no approval decision within {timeout:g} s", by="timeout")
+                ApprovalDecision(approved=False, reason=f"no approval decision within {limit:g} s", by="timeout")
             )
             return await request.wait()
         finally:

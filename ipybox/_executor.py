@@ -35,10 +35,10 @@ from ._exceptions import (
     UsageError,
 )
 from ._execution import Execution
+from ._kernel import Display, Error, Kernel, KernelEvent, Limits, Reply, Stream, default_python, strip_ansi
 from ._manifest import load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._packages import install_package
-from ._kernel import Display, Error, Kernel, KernelEvent, Limits, Reply, Stream, default_python, strip_ansi
 from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
 from ._sandbox import SandboxConfig, resolve_sandbox
 from ._toolserver import ToolCall, ToolCallDenied, ToolServer

@@ -37,7 +37,7 @@ from mcp_types import CONNECTION_CLOSED
 from pydantic import ValidationError
 
 from ._channel import MAX_LINE_BYTES, ErrorKind, ToolErrorReply, ToolRequest, ToolResultReply
-from ._exceptions import MCPServerError, UsageError
+from ._exceptions import IpyboxError, MCPServerError, UsageError
 from ._mcp import HttpServer, StdioServer, describe_server, open_session, parse_server_params
 
 __all__ = ("Gate", "ToolCall", "ToolCallDenied", "ToolServer")
@@ -103,6 +103,9 @@ class ToolCallDenied(Exception):
 
 Gate = Callable[[ToolCall], Awaitable[None]]
 """Approves a tool call by returning, rejects it by raising `ToolCallDenied`."""
+
+BuiltinTool = Callable[[Mapping[str, Any]], Awaitable[str]]
+"""A tool the host itself provides (e.g. package installs): takes the arguments, returns text."""
 
 
 class _Reply(Exception):
@@ -186,9 +189,7 @@ class ToolServer:
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         if len(token) < 16:
-            raise UsageError(
-                "the ToolServer token must be at least 16 characters; use secrets.token_urlsafe()"
-            )
+            raise UsageError("the ToolServer token must be at least 16 characters; use secrets.token_urlsafe()")
         if call_timeout is not None and call_timeout <= 0:
             raise UsageError(f"call_timeout must be positive or None, got {call_timeout!r}")
         if connect_timeout <= 0:
@@ -202,6 +203,7 @@ class ToolServer:
         self._connect_timeout = connect_timeout
         self._max_connections = max_connections
         self._entries: dict[str, _Entry] = {}
+        self._builtins: dict[tuple[str, str], BuiltinTool] = {}
         self._task_group: anyio.abc.TaskGroup | None = None
         self._connection_closed = anyio.Event()
         self._idle_probe_after = IDLE_PROBE_AFTER
@@ -231,11 +233,23 @@ class ToolServer:
         """
         if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"an MCP server needs a non-empty name, got {name!r}")
+        if any(server == name for server, _ in self._builtins):
+            raise UsageError(f"the server name {name!r} is reserved for tools the host provides")
         parsed = parse_server_params(params)
         old = self._entries.get(name)
         if old is not None and old.live is not None:
             old.live.close(f"MCP server {name!r} was registered again")
         self._entries[name] = _Entry(name, parsed, describe_server(parsed))
+
+    def register_builtin(self, server: str, tool: str, handler: BuiltinTool) -> None:
+        """Serve a tool implemented on the host under ``server``/``tool``, gated like MCP tools.
+
+        Raises:
+            UsageError: An MCP server is registered under ``server`` already.
+        """
+        if server in self._entries:
+            raise UsageError(f"{server!r} is already the name of an MCP server")
+        self._builtins[(server, tool)] = handler
 
     async def reset(self) -> None:
         """Close every MCP session; servers are started again on their next call.
@@ -334,9 +348,7 @@ class ToolServer:
             self._connection_closed.set()
             self._connection_closed = anyio.Event()
 
-    async def _answer_in_flight(
-        self, connection: _LineConnection, request: ToolRequest, flight: _InFlight
-    ) -> None:
+    async def _answer_in_flight(self, connection: _LineConnection, request: ToolRequest, flight: _InFlight) -> None:
         reply: ToolResultReply | ToolErrorReply | None = None
         try:
             with flight.scope:
@@ -380,6 +392,9 @@ class ToolServer:
 
     async def _answer(self, request: ToolRequest) -> ToolResultReply | ToolErrorReply:
         server, tool = request.server, request.tool
+        builtin = self._builtins.get((server, tool))
+        if builtin is not None:
+            return await self._answer_builtin(request, builtin)
         entry = self._entries.get(server)
         if entry is None:
             known = ", ".join(repr(n) for n in sorted(self._entries)) or "none"
@@ -402,9 +417,7 @@ class ToolServer:
                 f"MCP server {server!r} has no tool named {tool!r} (its tools: {known})",
             )
         annotations = (
-            spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True)
-            if spec.annotations
-            else None
+            spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if spec.annotations else None
         )
         call = ToolCall(
             server_name=server,
@@ -415,25 +428,52 @@ class ToolServer:
             server=entry.description,
             annotations=annotations,
         )
+        refused = await self._approve(call)
+        if refused is not None:
+            return refused
+        # Approval can take long; the session may have been reset or replaced meanwhile.
+        if not live.usable:
+            live = await self._session(entry, request)
+        return await self._call(entry, live, request)
+
+    async def _approve(self, call: ToolCall) -> ToolErrorReply | None:
+        """Run the gate; an error reply when the call must not be made."""
+        server, tool = call.server_name, call.tool_name
         try:
             await self._gate(call)
         except ToolCallDenied as denied:
             message = f"the application rejected the call to tool {tool!r} of MCP server {server!r}"
             if denied.reason:
                 message += f": {denied.reason}"
-            return ToolErrorReply(seq=request.seq, error="rejected", message=message, reason=denied.reason)
+            return ToolErrorReply(seq=call.seq, error="rejected", message=message, reason=denied.reason)
         except Exception as exc:  # the gate is application code; whatever it raises, the call is not made
             logger.exception("the approval gate failed for %s/%s", server, tool)
             return _error(
-                request.seq,
+                call.seq,
                 "approval_failed",
                 f"approving the call to tool {tool!r} of MCP server {server!r} failed on the host "
                 f"({type(exc).__name__}); the call was not made",
             )
-        # Approval can take long; the session may have been reset or replaced meanwhile.
-        if not live.usable:
-            live = await self._session(entry, request)
-        return await self._call(entry, live, request)
+        return None
+
+    async def _answer_builtin(self, request: ToolRequest, handler: BuiltinTool) -> ToolResultReply | ToolErrorReply:
+        call = ToolCall(
+            server_name=request.server,
+            tool_name=request.tool,
+            arguments=request.arguments,
+            execution=request.execution,
+            seq=request.seq,
+            server=f"ipybox on the host: {request.tool}",
+            annotations=None,
+        )
+        refused = await self._approve(call)
+        if refused is not None:
+            return refused
+        try:
+            text = await handler(request.arguments)
+        except IpyboxError as exc:
+            return _error(request.seq, "tool_error", f"{request.server}.{request.tool} failed: {exc}")
+        return ToolResultReply(seq=request.seq, structured=None, text=text, content=[{"type": "text", "text": text}])
 
     async def _session(self, entry: _Entry, request: ToolRequest) -> _Session:
         live = await self._connect(entry, request)
@@ -489,9 +529,7 @@ class ToolServer:
                 ) as session:
                     with anyio.fail_after(self._connect_timeout):
                         tools = await _list_all_tools(session)
-                    live = _Session(
-                        session=session, tools=tools, stderr=stderr, last_used=anyio.current_time()
-                    )
+                    live = _Session(session=session, tools=tools, stderr=stderr, last_used=anyio.current_time())
                     task_status.started(live)
                     await live.close_requested.wait()
             except Exception as exc:  # top level of a background task: it must not take the ToolServer down
@@ -516,9 +554,7 @@ class ToolServer:
             message = f"MCP server {entry.name!r} failed to list its tools: {exc.message}"
         raise _Reply(_error(request.seq, "tool_error", message))
 
-    async def _call(
-        self, entry: _Entry, live: _Session, request: ToolRequest
-    ) -> ToolResultReply | ToolErrorReply:
+    async def _call(self, entry: _Entry, live: _Session, request: ToolRequest) -> ToolResultReply | ToolErrorReply:
         server, tool, seq = request.server, request.tool, request.seq
         try:
             with anyio.fail_after(self._call_timeout):
@@ -535,9 +571,7 @@ class ToolServer:
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 return self._crashed(entry, live, request)
-            return _error(
-                seq, "tool_error", f"MCP server {server!r} refused the call to tool {tool!r}: {exc.message}"
-            )
+            return _error(seq, "tool_error", f"MCP server {server!r} refused the call to tool {tool!r}: {exc.message}")
         except RuntimeError as exc:
             # The client checks structured results against the tool's output schema.
             return _error(
@@ -556,9 +590,7 @@ class ToolServer:
             seq=seq,
             structured=result.structured_content,
             text=text,
-            content=[
-                item.model_dump(by_alias=True, mode="json", exclude_none=True) for item in result.content
-            ],
+            content=[item.model_dump(by_alias=True, mode="json", exclude_none=True) for item in result.content],
         )
 
     def _crashed(self, entry: _Entry, live: _Session, request: ToolRequest) -> ToolErrorReply:
@@ -569,8 +601,7 @@ class ToolServer:
             why = "the server exited or dropped the connection; the next call starts it again"
             live.close(f"MCP server {entry.name!r} dropped the connection")
         message = (
-            f"the connection to MCP server {request.server!r} ended during the call to tool "
-            f"{request.tool!r}: {why}"
+            f"the connection to MCP server {request.server!r} ended during the call to tool {request.tool!r}: {why}"
         )
         if tail:
             message += f"\nits stderr ends with:\n{tail}"
@@ -711,8 +742,7 @@ def _bind_socket(path: Path) -> socket.socket:
     """Bind a listening unix socket that only this user can connect to."""
     if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
         raise UsageError(
-            f"the tool socket path {str(path)!r} is longer than {_MAX_SOCKET_PATH} bytes; "
-            "use a shorter run directory"
+            f"the tool socket path {str(path)!r} is longer than {_MAX_SOCKET_PATH} bytes; use a shorter run directory"
         )
     try:
         mode = os.lstat(path).st_mode
