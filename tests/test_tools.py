@@ -212,13 +212,17 @@ async def test_an_approval_timeout_rejects_with_a_reason(tools_dir: Path, worksp
         assert seen[0].decision is not None and seen[0].decision.by == "timeout"
 
 
+def _not_delete(request: ApprovalRequest) -> bool:
+    return request.tool_name != "delete_item"
+
+
 @pytest.mark.parametrize(
     ("approval", "expected"),
     [
         ("auto", {"lookup": True, "delete_item": True}),
         (ApprovalRules(allow_read_only=True, otherwise="reject"), {"lookup": True, "delete_item": False}),
         (ApprovalRules(allow=["test.*"], deny=["test.delete_*"]), {"lookup": True, "delete_item": False}),
-        (lambda request: request.tool_name != "delete_item", {"lookup": True, "delete_item": False}),
+        (_not_delete, {"lookup": True, "delete_item": False}),
     ],
     ids=["auto", "read-only rule", "allow and deny globs", "sync callback"],
 )
@@ -262,7 +266,9 @@ async def test_servers_registered_at_run_time_are_callable(
         ex.register_mcp_server("events", sse_server)
         code = (
             "from ipybox_kernel import call_tool\n"
-            "call_tool('web', 'add', {'a': 1, 'b': 2}).structured, call_tool('events', 'add', {'a': 3, 'b': 4}).structured"
+            "web = call_tool('web', 'add', {'a': 1, 'b': 2})\n"
+            "events = call_tool('events', 'add', {'a': 3, 'b': 4})\n"
+            "web.structured, events.structured"
         )
         assert (await ex.execute(code)).text == "({'result': 3}, {'result': 7})\n"
 
