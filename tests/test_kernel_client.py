@@ -15,9 +15,10 @@ from typing import Any
 import anyio
 import pytest
 from jupyter_client.manager import AsyncKernelManager
-from servers.fixtures import KERNEL_TIMEOUT, stdio_server, tool_channel
+from servers.fixtures import KERNEL_TIMEOUT, tool_channel
 
 import ipybox_kernel
+from ipybox._mcp import HttpServer
 from ipybox._toolserver import ToolCall
 
 pytestmark = pytest.mark.anyio
@@ -116,7 +117,7 @@ def test_tool_output_is_frozen_and_errors_survive_pickling() -> None:
     assert issubclass(ipybox_kernel.ToolNotFound, LookupError)
 
 
-async def test_a_forked_child_opens_its_own_connection() -> None:
+async def test_a_forked_child_opens_its_own_connection(streamable_http_server: HttpServer) -> None:
     code = (
         "import os\n"
         "from ipybox_kernel import call_tool\n"
@@ -128,12 +129,14 @@ async def test_a_forked_child_opens_its_own_connection() -> None:
         "os.waitpid(pid, 0)\n"
         "print(call_tool('test', 'add', {'a': 3, 'b': 3}).text)\n"
     )
-    async with tool_channel({"test": stdio_server()}) as channel:
+    async with tool_channel({"test": streamable_http_server}) as channel:
         out = await channel.run_python(code)
     assert out.split() == ["2", "4", "6"]
 
 
-async def test_interrupting_a_waiting_call_cancels_it_on_the_host_and_the_next_call_works() -> None:
+async def test_interrupting_a_waiting_call_cancels_it_on_the_host_and_the_next_call_works(
+    streamable_http_server: HttpServer,
+) -> None:
     asked, cancelled = anyio.Event(), anyio.Event()
 
     async def gate(call: ToolCall) -> None:
@@ -152,7 +155,7 @@ async def test_interrupting_a_waiting_call_cancels_it_on_the_host_and_the_next_c
         "except KeyboardInterrupt:\n    print('interrupted', flush=True)\n"
         "print(call_tool('test', 'greet', {'name': 'again'}).text, flush=True)\n"
     )
-    async with tool_channel({"test": stdio_server()}, gate) as channel:
+    async with tool_channel({"test": streamable_http_server}, gate) as channel:
         process = await anyio.open_process([sys.executable, "-c", code], env=channel.env)
         async with process:
             with anyio.fail_after(KERNEL_TIMEOUT):
@@ -168,7 +171,7 @@ async def test_interrupting_a_waiting_call_cancels_it_on_the_host_and_the_next_c
     assert out.decode().split("\n")[:3] == ["ready", "interrupted", "Hello, again!"]
 
 
-async def test_cancelling_an_awaited_call_cancels_it_on_the_host() -> None:
+async def test_cancelling_an_awaited_call_cancels_it_on_the_host(streamable_http_server: HttpServer) -> None:
     asked, cancelled = anyio.Event(), anyio.Event()
 
     async def gate(call: ToolCall) -> None:
@@ -190,7 +193,7 @@ async def test_cancelling_an_awaited_call_cancels_it_on_the_host() -> None:
         "        print('gave up')\n"
         "asyncio.run(main())\n"
     )
-    async with tool_channel({"test": stdio_server()}, gate) as channel:
+    async with tool_channel({"test": streamable_http_server}, gate) as channel:
         await channel.call("test", "add", {"a": 1, "b": 1})  # start the server first
         out = await channel.run_python(code)
         with anyio.fail_after(10):
@@ -219,7 +222,9 @@ async def _execute(km: AsyncKernelManager, code: str) -> tuple[str, list[dict[st
         kc.stop_channels()
 
 
-async def test_in_an_ipython_kernel_images_are_displayed_and_calls_carry_the_cell_id() -> None:
+async def test_in_an_ipython_kernel_images_are_displayed_and_calls_carry_the_cell_id(
+    streamable_http_server: HttpServer,
+) -> None:
     seen: list[ToolCall] = []
 
     async def gate(call: ToolCall) -> None:
@@ -231,7 +236,7 @@ async def test_in_an_ipython_kernel_images_are_displayed_and_calls_carry_the_cel
         "out2 = await acall_tool('test', 'add', {'a': 1, 'b': 2})\n"
         "print(len(out.content), out2.structured)\n"
     )
-    async with tool_channel({"test": stdio_server()}, gate) as channel:
+    async with tool_channel({"test": streamable_http_server}, gate) as channel:
         with tempfile.TemporaryDirectory(prefix="ipybox-k") as run_dir:
             km = AsyncKernelManager(
                 kernel_name="python3",
