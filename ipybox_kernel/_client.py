@@ -264,6 +264,8 @@ def _after_fork() -> None:
     # A forked child must not share its parent's connections, nor inherit a lock held by another thread.
     global _pool_lock, _async_executor
     _pool_lock = threading.Lock()
+    for connection in _pool:
+        connection.close()  # closes the child's copies only; the parent's connections stay open
     _pool.clear()
     _async_executor = None
 
