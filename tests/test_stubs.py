@@ -33,7 +33,9 @@ async def root(tmp_path_factory: pytest.TempPathFactory) -> AsyncGenerator[Path]
 
 async def test_stubs_show_import_line_models_fields_and_signatures(root: Path) -> None:
     stubs = render_tool_stubs(root)
-    assert stubs.startswith("# MCP server 'shapes': one module per tool, `from mcptools.shapes import <tool>`")
+    assert stubs.startswith(
+        "# MCP server 'shapes': one module per tool, `from mcptools.shapes import <tool>`"
+    )
     rate = stubs[stubs.index("class rate:") : stubs.index("class tool_1st_tool:")]
     assert rate.splitlines() == [
         "class rate:  # Rate an order.",
@@ -107,7 +109,9 @@ async def test_stubs_of_server_everything_are_much_smaller_than_its_json_schemas
     await generate_mcp_sources("everything", everything_params(), root)
     async with open_session("everything", parse_server_params(everything_params())) as session:
         listing = await session.list_tools()
-    raw = json.dumps([tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in listing.tools])
+    raw = json.dumps(
+        [tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in listing.tools]
+    )
     stubs = render_tool_stubs(root)
     assert len(stubs) < 0.5 * len(raw), f"stubs {len(stubs)} chars vs raw JSON {len(raw)} chars"
     assert len([line for line in stubs.splitlines() if line.startswith("class ")]) == len(listing.tools)
