@@ -147,6 +147,7 @@ def _generate(schema: dict[str, Any], side: Side) -> tuple[str, list[str]]:
     from datamodel_code_generator import generate
 
     # The generator reports questionable schemas as warnings; keep them as notes, never raise them.
+    # (catch_warnings is process-wide: a warning another thread raises meanwhile lands here too.)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         text = generate(schema, config=_config(side))
@@ -271,8 +272,9 @@ class _Checker:
 
 
 def _check_target(name: str, *, field: bool) -> None:
-    # Dunder names in a class body change how the class itself behaves.
-    if name.startswith("__") or (field and name == "model_config"):
+    # Underscore names in a class body are special to Python (dunders), enum (_missing_, _ignore_)
+    # or pydantic (private attributes); the generator renames such fields, so none should appear.
+    if name.startswith("_") or (field and name == "model_config"):
         raise _Unsafe(f"class attribute {name!r}")
 
 
