@@ -35,6 +35,7 @@ import anyio
 import anyio.to_thread
 import httpx2
 import mcp_types
+from anyio.streams.memory import MemoryObjectSendStream
 from mcp.shared.exceptions import MCPError
 
 from ._exceptions import GenerationError, MCPServerError, UsageError
@@ -132,7 +133,8 @@ class GenerationReport:
         path: The package directory.
         sources: The package's files and per-tool reports.
         changed: False when the package on disk was already identical and was left untouched.
-        timings: Seconds spent connecting, listing tools, generating sources and writing files.
+        timings: Seconds spent connecting, listing tools, generating sources, writing files, and
+            disconnecting (stopping a stdio server; this overlaps with generating).
     """
 
     server_name: str
@@ -334,13 +336,22 @@ def build_package_sources(
     return PackageSources(package, files, tuple(reports), tuple(renamed))
 
 
-_Listing = tuple[list[mcp_types.Tool], mcp_types.Implementation | None, str | None, dict[str, float]]
+@dataclass(frozen=True)
+class _Listing:
+    tools: list[mcp_types.Tool]
+    server_info: mcp_types.Implementation | None
+    instructions: str | None
 
 
-async def _list_tools(server_name: str, params: StdioServer | HttpServer) -> _Listing:
-    timings: dict[str, float] = {}
+async def _list_tools(
+    server_name: str,
+    params: StdioServer | HttpServer,
+    timings: dict[str, float],
+    send: MemoryObjectSendStream[_Listing],
+) -> None:
+    """Send the server's tool listing as soon as it is in, then close the session."""
     start = time.perf_counter()
-    async with open_session(server_name, params) as session:
+    async with send, open_session(server_name, params) as session:
         timings["connect"] = time.perf_counter() - start
         start = time.perf_counter()
         tools: list[mcp_types.Tool] = []
@@ -356,7 +367,10 @@ async def _list_tools(server_name: str, params: StdioServer | HttpServer) -> _Li
             else:
                 raise GenerationError(server_name, f"the tool listing has more than {MAX_TOOL_PAGES} pages")
         timings["list_tools"] = time.perf_counter() - start
-        return tools, session.server_info, session.instructions, timings
+        await send.send(_Listing(tools, session.server_info, session.instructions))
+        start = time.perf_counter()
+    # Stopping a stdio server takes a while; generation runs meanwhile.
+    timings["disconnect"] = time.perf_counter() - start
 
 
 def _same_files(directory: Path, files: Mapping[str, str]) -> bool:
@@ -427,13 +441,32 @@ def _check_server_name(server_name: str, root: Path) -> None:
             )
 
 
-async def _fetch_listing(server_name: str, params: StdioServer | HttpServer) -> _Listing:
-    listing: _Listing | None = None
+async def _build_from_server(
+    server_name: str, params: StdioServer | HttpServer, timings: dict[str, float]
+) -> PackageSources:
+    sources: PackageSources | None = None
+    send, receive = anyio.create_memory_object_stream[_Listing](1)
     try:
         async with anyio.create_task_group() as tg:
             # Loading the model generator takes a while; do it while the server starts up.
             tg.start_soon(lambda: anyio.to_thread.run_sync(warm_up, abandon_on_cancel=True))
-            listing = await _list_tools(server_name, params)
+            tg.start_soon(_list_tools, server_name, params, timings, send)
+            with receive:
+                try:
+                    listing = await receive.receive()
+                except anyio.EndOfStream:
+                    listing = None  # the lister failed; leaving the task group raises its error
+            if listing is not None:
+                start = time.perf_counter()
+                sources = await anyio.to_thread.run_sync(
+                    lambda: build_package_sources(
+                        server_name,
+                        listing.tools,
+                        server_info=listing.server_info,
+                        instructions=listing.instructions,
+                    )
+                )
+                timings["generate"] = time.perf_counter() - start
     except BaseExceptionGroup as group:
         # The task group (and the MCP transports inside it) wrap failures in exception groups.
         cause = _first_leaf(group)
@@ -445,9 +478,9 @@ async def _fetch_listing(server_name: str, params: StdioServer | HttpServer) -> 
         if isinstance(cause, MCPServerError):
             message = message.removeprefix(f"MCP server {server_name!r}: ")
         raise GenerationError(server_name, f"cannot list its tools: {message}") from cause
-    if listing is None:
+    if sources is None:
         raise GenerationError(server_name, "listing its tools was cancelled")
-    return listing
+    return sources
 
 
 async def generate_package(
@@ -467,12 +500,8 @@ async def generate_package(
     params = parse_server_params(server_params)
     root = Path(root_dir)
     _check_server_name(server_name, root)
-    tools, server_info, instructions, timings = await _fetch_listing(server_name, params)
-    start = time.perf_counter()
-    sources = await anyio.to_thread.run_sync(
-        lambda: build_package_sources(server_name, tools, server_info=server_info, instructions=instructions)
-    )
-    timings["generate"] = time.perf_counter() - start
+    timings: dict[str, float] = {}
+    sources = await _build_from_server(server_name, params, timings)
     start = time.perf_counter()
     changed = await anyio.to_thread.run_sync(_install, root, sources, server_name, params)
     timings["write"] = time.perf_counter() - start
