@@ -19,7 +19,6 @@ old one and swapped in only when complete, so a failed generation leaves the pre
 
 from __future__ import annotations
 
-import ast
 import importlib.metadata
 import logging
 import os
@@ -28,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any, cast
 
@@ -149,6 +149,7 @@ class GenerationReport:
         return self.sources.modules
 
 
+@cache
 def _ipybox_version() -> str:
     try:
         return importlib.metadata.version("ipybox")
@@ -261,7 +262,6 @@ def _package_init(
 
 def _verify(server_name: str, filename: str, source: str) -> None:
     try:
-        compile(source, filename, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
         compile(source, filename, "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
         # Every piece is built to be valid; reaching this is a bug in ipybox, not in the server.
@@ -415,7 +415,11 @@ def _install(root: Path, sources: PackageSources, server_name: str, params: Stdi
                 if target.exists():
                     old = Path(tempfile.mkdtemp(dir=root, prefix=f".{sources.package}.old-"))
                     target.rename(old / sources.package)
-                    staging.rename(target)
+                    try:
+                        staging.rename(target)
+                    except OSError:
+                        (old / sources.package).rename(target)
+                        raise
                     shutil.rmtree(old)
                 else:
                     staging.rename(target)

@@ -91,7 +91,7 @@ class ToolModels:
 
     Attributes:
         imports: Every module-level name the classes (and the caller's ``extra_imports``) need.
-        classes: Class definitions and ``model_rebuild()`` calls, in order, as source text.
+        classes: Class definitions, in order, as source text.
         has_result: True when the tool has an output schema, so a ``Result`` model exists.
         fallbacks: The sides (``"Params"``/``"Result"``) that got a permissive model instead.
         notes: What was dropped or changed on the way, for the generation report.
@@ -309,6 +309,8 @@ def _parse(text: str) -> _Parsed:
     classes = [stmt.name for stmt in body if isinstance(stmt, ast.ClassDef)]
     if len(set(classes)) != len(classes):
         raise _Unsafe("a class is defined twice")
+    if shadowing := sorted(set(classes) & set(imports)):
+        raise _Unsafe(f"class {shadowing[0]!r} shadows an import")
     checker = _Checker(imports, classes)
     for stmt in body:
         checker.module_stmt(stmt)

@@ -238,6 +238,7 @@ def test_output_schemas_that_are_not_objects_still_get_a_result_model() -> None:
         "from pydantic import BaseModel, validate_call\nclass A(BaseModel):\n    x: int = validate_call(id)",
         "from pydantic import BaseModel\nclass _A(BaseModel):\n    x: int",
         "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int\nclass A(BaseModel):\n    y: int",
+        "from pydantic import BaseModel\nfrom typing import Any\nclass Any(BaseModel):\n    x: int",
     ],
 )
 def test_generated_code_outside_the_allowlist_is_rejected(source: str) -> None:
