@@ -57,7 +57,7 @@ def _server_params(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_report(report: GenerationReport, root: Path) -> None:
     sources = report.sources
-    where = f"{report.path}{'/' if not str(report.path).endswith('/') else ''}"
+    where = f"{report.path}/"
     took = sum(v for k, v in report.timings.items() if k != "connect")
     status = "wrote" if report.changed else "unchanged"
     print(

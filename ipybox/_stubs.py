@@ -260,6 +260,9 @@ def render_tool_stubs(
     Raises:
         UsageError: `root_dir` is not a directory, or a requested server or tool was not generated.
     """
+    for option, names in (("servers", servers), ("tools", tools)):
+        if isinstance(names, str):
+            raise UsageError(f"{option} takes a list of names, got the string {names!r}; pass [{names!r}]")
     root = Path(root_dir)
     if not root.is_dir():
         raise UsageError(f"{str(root)!r} is not a directory; pass the root_dir given to generate_mcp_sources")

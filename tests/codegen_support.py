@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
@@ -41,6 +41,16 @@ def everything_params() -> dict[str, Any]:
     return {"command": str(EVERYTHING_BIN)}
 
 
+def hostile_breakouts(marker: str) -> list[str]:
+    """The strings the hostile test server puts everywhere, for a given marker file."""
+    spec = importlib.util.spec_from_file_location("codegen_hostile", SERVERS / "codegen_hostile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    breakouts: Callable[[str], list[str]] = module.breakouts
+    return breakouts(marker)
+
+
 def load_package(root: Path, package: str) -> dict[str, ModuleType]:
     """Import every module of a generated package in this process, under a fresh top-level name.
 
@@ -65,23 +75,31 @@ def package_files(root: Path, package: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((root / package).iterdir()) if p.is_file()}
 
 
-async def run_python(code: str, root: Path, *, env: Mapping[str, str] | None = None) -> str:
-    """Run code in a fresh interpreter that sees the generated package and the kernel stand-in."""
+async def run_python(
+    code: str, root: Path, *, standin: bool = True, env: Mapping[str, str] | None = None
+) -> str:
+    """Run code in a fresh interpreter that sees the generated package and the kernel stand-in.
+
+    With ``standin=False`` the real ``ipybox_kernel`` package is imported instead (it cannot call
+    tools here, but it is what a kernel imports, e.g. for timing imports).
+    """
     full_env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(STANDIN), str(root.parent)]),
+        "PYTHONPATH": os.pathsep.join([*([str(STANDIN)] if standin else []), str(root.parent)]),
         "IPYBOX_STANDIN_TOOLS_DIR": str(root),
         **(env or {}),
     }
     with anyio.fail_after(SUBPROCESS_TIMEOUT):
-        result = await anyio.run_process([sys.executable, "-c", code], env=full_env, check=False, cwd=root.parent)
+        result = await anyio.run_process(
+            [sys.executable, "-c", code], env=full_env, check=False, cwd=root.parent
+        )
     assert result.returncode == 0, result.stderr.decode()
     return result.stdout.decode()
 
 
-async def run_json(code: str, root: Path) -> Any:
+async def run_json(code: str, root: Path, *, standin: bool = True) -> Any:
     """`run_python`, for code whose last output line is JSON."""
-    return json.loads((await run_python(code, root)).strip().splitlines()[-1])
+    return json.loads((await run_python(code, root, standin=standin)).strip().splitlines()[-1])
 
 
 @asynccontextmanager

@@ -20,7 +20,6 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 
-
 def payload(marker: str) -> str:
     """Python that creates the marker file if it is ever executed."""
     return f"__import__('pathlib').Path({marker!r}).touch()"
