@@ -58,7 +58,7 @@ def _server_params(args: argparse.Namespace) -> dict[str, Any]:
 def _print_report(report: GenerationReport, root: Path) -> None:
     sources = report.sources
     where = f"{report.path}/"
-    took = sum(v for k, v in report.timings.items() if k != "connect")
+    took = report.timings["total"] - report.timings["connect"]
     status = "wrote" if report.changed else "unchanged"
     print(
         f"{status} {where} from MCP server {report.server_name!r}: {len(sources.tools)} tool modules "

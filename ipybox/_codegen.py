@@ -134,7 +134,8 @@ class GenerationReport:
         sources: The package's files and per-tool reports.
         changed: False when the package on disk was already identical and was left untouched.
         timings: Seconds spent connecting, listing tools, generating sources, writing files, and
-            disconnecting (stopping a stdio server; this overlaps with generating).
+            disconnecting (stopping a stdio server; this overlaps with generating), and in total.
+            ``total - connect`` is the time from the finished handshake to the package on disk.
     """
 
     server_name: str
@@ -501,6 +502,7 @@ async def generate_package(
         UsageError: The name or parameters are invalid, or the name clashes with another server's.
         GenerationError: The server could not be reached or listed no tools; nothing was changed.
     """
+    began = time.perf_counter()
     params = parse_server_params(server_params)
     root = Path(root_dir)
     _check_server_name(server_name, root)
@@ -509,6 +511,7 @@ async def generate_package(
     start = time.perf_counter()
     changed = await anyio.to_thread.run_sync(_install, root, sources, server_name, params)
     timings["write"] = time.perf_counter() - start
+    timings["total"] = time.perf_counter() - began
     return GenerationReport(server_name, root / sources.package, sources, changed, timings)
 
 

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.anyio
 SHAPES_MODULES = [
     "a_b",
     "a_b_2",
+    "book",
     "class_",
     "data_fetch",
     "echo",
@@ -196,16 +197,18 @@ print(json.dumps([default_sep, null_sep, echo._arguments({"text": "a"})]))
     assert await run_json(code, root) == ["a a a", "aaa", {"text": "a"}]
 
 
-async def test_keyword_and_alias_fields_accept_both_spellings(tmp_path: Path) -> None:
-    root = tmp_path / "mcptools"
-    await generate_mcp_sources("shapes", shapes_params(), root)
-    code = """
-import json
-from mcptools.shapes import rate
-by_alias = rate.Params.model_validate({"items": [], "ship_to": {"street": "s", "city": "c", "zip": "1"}})
-print(json.dumps(by_alias.model_dump(mode="json", by_alias=True, exclude_unset=True)))
-"""
-    assert await run_json(code, root) == {"items": [], "ship_to": {"street": "s", "city": "c", "zip": "1"}}
+async def test_keyword_fields_accept_both_spellings_and_send_the_schema_name(
+    shapes: tuple[Path, GenerationReport],
+) -> None:
+    root, _ = shapes
+    book = load_package(root, "shapes")["book"]
+    by_field = book.Params(trip=book.Trip(from_="A", to="B"))
+    by_alias = book.Params.model_validate({"trip": {"from": "A", "to": "B"}})
+    sent = {"trip": {"from": "A", "to": "B"}}
+    assert book._arguments(by_field) == book._arguments(by_alias) == book._arguments(sent) == sent
+    async with open_session("shapes", parse_server_params(shapes_params())) as session:
+        called = await session.call_tool("book", book._arguments(by_field))
+    assert called.structured_content == {"result": "A->B"}
 
 
 async def test_regenerating_an_unchanged_server_changes_no_byte(

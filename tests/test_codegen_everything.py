@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncGenerator
-from dataclasses import replace
 from pathlib import Path
 
 import anyio.to_thread
@@ -35,10 +33,7 @@ async def everything(
     root = tmp_path_factory.mktemp("everything") / "mcptools"
     # A host that generates has the generator loaded; its one-time import cost is not per server.
     await anyio.to_thread.run_sync(warm_up)
-    start = time.perf_counter()
-    report = await generate_package("everything", everything_params(), root)
-    wall = time.perf_counter() - start
-    yield root, replace(report, timings={**report.timings, "wall": wall})
+    yield root, await generate_package("everything", everything_params(), root)
 
 
 async def test_every_tool_of_server_everything_gets_a_typed_module(
@@ -58,7 +53,7 @@ async def test_generation_takes_at_most_a_second_once_the_server_is_up(
 ) -> None:
     _, report = everything
     # From the end of the MCP handshake to the package on disk, including stopping the server.
-    after_up = report.timings["wall"] - report.timings["connect"]
+    after_up = report.timings["total"] - report.timings["connect"]
     assert after_up <= GENERATION_BUDGET, dict(report.timings)
 
 
