@@ -36,7 +36,7 @@ ACTIONS = [
         """
 import socket, os
 from mcptools.weather import list_cities
-cities = list_cities.run({})
+cities = list_cities.run()
 print("cities:", [c.name for c in cities.result])
 print("network interfaces:", [name for _, name in socket.if_nameindex()])
 print("can read the host's home directory:", os.path.exists(os.path.expanduser("~/.bashrc")))

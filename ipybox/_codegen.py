@@ -201,6 +201,9 @@ def _tool_module(server_name: str, tool: mcp_types.Tool, models: ToolModels) -> 
     module_doc = "\n\n".join(part for part in (title, description, about) if part)
     returns = "Result" if models.has_result else "str"
     server, name = repr(server_name), repr(tool.name)
+    # A tool that needs no arguments is called as run().
+    required = (tool.input_schema or {}).get("required")
+    param = "params: Params | dict[str, Any] | None" + ("" if required else " = None")
     run_doc = docstring_literal(description or title or f"Call MCP tool {tool.name!r}.", indent="    ")
     summary = first_line(description or title, limit=120)
     arun_doc = docstring_literal(f"Async twin of run(){': ' + summary if summary else '.'}", indent="    ")
@@ -210,17 +213,17 @@ def _tool_module(server_name: str, tool: mcp_types.Tool, models: ToolModels) -> 
         + "\n\nfrom __future__ import annotations\n\n"
         + "\n".join(_import_lines(models.imports)),
         *models.classes,
-        f"def run(params: Params | dict[str, Any]) -> {returns}:\n"
+        f"def run({param}) -> {returns}:\n"
         f"    {run_doc}\n"
         f"    output = ipybox_kernel.call_tool({server}, {name}, _arguments(params))\n"
         f"    return {'_result(output)' if models.has_result else 'output.text'}",
-        f"async def arun(params: Params | dict[str, Any]) -> {returns}:\n"
+        f"async def arun({param}) -> {returns}:\n"
         f"    {arun_doc}\n"
         f"    output = await ipybox_kernel.acall_tool({server}, {name}, _arguments(params))\n"
         f"    return {'_result(output)' if models.has_result else 'output.text'}",
-        "def _arguments(params: Params | dict[str, Any]) -> dict[str, Any]:\n"
+        "def _arguments(params: Params | dict[str, Any] | None) -> dict[str, Any]:\n"
         "    # Send only what the caller set: defaults stay with the server, explicit None is sent as null.\n"
-        "    model = params if isinstance(params, Params) else Params.model_validate(params)\n"
+        "    model = params if isinstance(params, Params) else Params.model_validate(params or {})\n"
         "    return model.model_dump(mode='json', by_alias=True, exclude_unset=True)",
     ]
     if models.has_result:

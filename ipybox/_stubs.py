@@ -208,7 +208,8 @@ def _render_tool(tool: _Tool) -> list[str]:
         if isinstance(stmt, ast.ClassDef):
             lines.extend(_render_class(stmt, "    "))
     returns = ast.unparse(run.returns) if run.returns is not None else "str"
-    lines.append(f"    def run(params: Params) -> {returns}: ...")
+    optional = bool(run.args.defaults)
+    lines.append(f"    def run(params: Params{' = Params()' if optional else ''}) -> {returns}: ...")
     return lines
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
 import sys
 import uuid
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
@@ -20,8 +19,6 @@ from anyio.streams.text import TextReceiveStream
 
 REPO = Path(__file__).resolve().parents[1]
 SERVERS = REPO / "tests" / "servers"
-# The throwaway kernel-side stand-in that calls MCP servers directly (see its docstring).
-STANDIN = REPO / "tests" / "codegen_standin"
 EVERYTHING_BIN = REPO / "node_modules" / ".bin" / "mcp-server-everything"
 EVERYTHING_MISSING = (
     f"server-everything is not installed at {EVERYTHING_BIN}; "
@@ -75,31 +72,24 @@ def package_files(root: Path, package: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((root / package).iterdir()) if p.is_file()}
 
 
-async def run_python(
-    code: str, root: Path, *, standin: bool = True, env: Mapping[str, str] | None = None
-) -> str:
-    """Run code in a fresh interpreter that sees the generated package and the kernel stand-in.
+async def run_python(code: str, root: Path) -> str:
+    """Run code in a sandboxed ipybox kernel that sees the generated package under ``root``.
 
-    With ``standin=False`` the real ``ipybox_kernel`` package is imported instead (it cannot call
-    tools here, but it is what a kernel imports, e.g. for timing imports).
+    Tool calls go the real way: the kernel's ``ipybox_kernel`` stub, the executor's tool server
+    (which starts the servers recorded in the manifest), approved by policy.
     """
-    full_env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([*([str(STANDIN)] if standin else []), str(root.parent)]),
-        "IPYBOX_STANDIN_TOOLS_DIR": str(root),
-        **(env or {}),
-    }
+    from ipybox import CodeExecutor
+
+    workspace = root.parent / f"workspace-{uuid.uuid4().hex[:8]}"
+    workspace.mkdir()
     with anyio.fail_after(SUBPROCESS_TIMEOUT):
-        result = await anyio.run_process(
-            [sys.executable, "-c", code], env=full_env, check=False, cwd=root.parent
-        )
-    assert result.returncode == 0, result.stderr.decode()
-    return result.stdout.decode()
+        async with CodeExecutor(workspace=workspace, tools_dir=root, approval="auto") as executor:
+            return (await executor.execute(code)).text
 
 
-async def run_json(code: str, root: Path, *, standin: bool = True) -> Any:
+async def run_json(code: str, root: Path) -> Any:
     """`run_python`, for code whose last output line is JSON."""
-    return json.loads((await run_python(code, root, standin=standin)).strip().splitlines()[-1])
+    return json.loads((await run_python(code, root)).strip().splitlines()[-1])
 
 
 @asynccontextmanager

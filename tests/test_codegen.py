@@ -167,7 +167,7 @@ async def test_run_and_arun_call_the_tool_and_return_typed_results(
 ) -> None:
     root, _ = shapes
     code = """
-import anyio, json
+import json
 from mcptools.shapes import echo, get_weather, rate, class_
 weather = get_weather.run(get_weather.Params(city="Berlin"))
 assert isinstance(weather, get_weather.Result), type(weather)
@@ -176,7 +176,7 @@ assert isinstance(rated.items[0], rate.ResultItem)
 async def both():
     return (await echo.arun({"text": "hi", "times": 2})).result
 print(json.dumps(
-    [weather.temperature, weather.conditions, rated.total, anyio.run(both), class_.run({}).result]
+    [weather.temperature, weather.conditions, rated.total, await both(), class_.run({}).result]
 ))
 """
     assert await run_json(code, root) == [21.5, "sunny", 6.0, "hi hi", "class"]

@@ -1,4 +1,4 @@
-"""Generated packages type-check under pyright strict (against the kernel stand-in's interface)."""
+"""Generated packages type-check under pyright strict (against the real ipybox_kernel interface)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from codegen_support import EVERYTHING_BIN, SERVERS, STANDIN, everything_params, shapes_params
+from codegen_support import EVERYTHING_BIN, SERVERS, everything_params, shapes_params
 
 from ipybox._codegen import generate_mcp_sources
 
@@ -32,7 +32,6 @@ async def test_generated_packages_pass_pyright_strict(tmp_path: Path) -> None:
     venv = Path(sys.prefix)
     config = {
         "include": ["mcptools"],
-        "extraPaths": [str(STANDIN)],
         "typeCheckingMode": "strict",
         "pythonVersion": "3.11",
         "venvPath": str(venv.parent),
