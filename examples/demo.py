@@ -58,7 +58,8 @@ print(f"{len(forecasts)} forecasts; warmest: {warmest.city} at {warmest.temperat
 from ipybox_kernel import ToolCallRejected
 from mcptools.weather import send_report
 try:
-    send_report.run(send_report.Params(recipient="team@example.com", subject="Weather", body=f"warmest: {warmest.city}"))
+    report = send_report.Params(recipient="team@example.com", subject="Weather", body=f"warmest: {warmest.city}")
+    send_report.run(report)
 except ToolCallRejected as e:
     print("not sent:", e.reason)
 """,

@@ -321,8 +321,7 @@ def _is_base_model(parsed: _Parsed, class_name: str) -> bool:
     for stmt in parsed.body:
         if isinstance(stmt, ast.ClassDef) and stmt.name == class_name:
             return any(
-                isinstance(b, ast.Name) and parsed.imports.get(b.id) == ("pydantic", "BaseModel")
-                for b in stmt.bases
+                isinstance(b, ast.Name) and parsed.imports.get(b.id) == ("pydantic", "BaseModel") for b in stmt.bases
             )
     return False
 
@@ -361,9 +360,7 @@ def _mark_root(parsed: _Parsed, marker: str, description: Any) -> None:
         for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
             for keyword in list(call.keywords):
                 match keyword:
-                    case ast.keyword(arg="description", value=ast.Constant(value=str(text))) if (
-                        text.strip() == marker
-                    ):
+                    case ast.keyword(arg="description", value=ast.Constant(value=str(text))) if text.strip() == marker:
                         found = stmt.name
                         if original:
                             keyword.value = ast.Constant(value=original)
@@ -401,9 +398,7 @@ def _side(schema: Any, side: Side, notes: list[str], fallbacks: list[Side]) -> _
         # The generator is third-party code run on hostile input; whatever it raises for one tool must
         # not fail the whole server, so this boundary is deliberately broad.
         first = str(exc).split("\n", 1)[0]
-        notes.append(
-            f"{side}: schema not supported ({type(exc).__name__}: {first}); using a permissive model"
-        )
+        notes.append(f"{side}: schema not supported ({type(exc).__name__}: {first}); using a permissive model")
     else:
         return parsed
     fallbacks.append(side)
@@ -471,11 +466,7 @@ def _configure_model(node: ast.ClassDef, imports: dict[str, Import]) -> None:
         value=ast.Call(func=ast.Name(id=config_name, ctx=ast.Load()), args=[], keywords=flags),
         lineno=0,
     )
-    has_doc = (
-        bool(node.body)
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-    )
+    has_doc = bool(node.body) and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
     node.body.insert(1 if has_doc else 0, config)
 
 

@@ -54,9 +54,7 @@ def load_package(root: Path, package: str) -> dict[str, ModuleType]:
     A unique alias for ``root`` keeps packages of different tests (all called ``mcptools``) apart.
     """
     alias = f"_generated_{uuid.uuid4().hex}"
-    spec = importlib.util.spec_from_file_location(
-        alias, root / "__init__.py", submodule_search_locations=[str(root)]
-    )
+    spec = importlib.util.spec_from_file_location(alias, root / "__init__.py", submodule_search_locations=[str(root)])
     assert spec is not None and spec.loader is not None
     top = importlib.util.module_from_spec(spec)
     sys.modules[alias] = top
@@ -95,9 +93,7 @@ async def run_json(code: str, root: Path) -> Any:
 @asynccontextmanager
 async def http_server(transport: str, *args: str) -> AsyncGenerator[str]:
     """Start the shapes server over streamable HTTP (``"http"``) or SSE and yield its URL."""
-    process: Process = await anyio.open_process(
-        [sys.executable, str(SERVERS / "codegen_shapes.py"), transport, *args]
-    )
+    process: Process = await anyio.open_process([sys.executable, str(SERVERS / "codegen_shapes.py"), transport, *args])
     try:
         assert process.stdout is not None
         with anyio.fail_after(SERVER_START_TIMEOUT):

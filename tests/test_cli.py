@@ -17,9 +17,7 @@ pytestmark = pytest.mark.anyio
 SHAPES = str(SERVERS / "codegen_shapes.py")
 
 
-def test_generate_from_a_command_prints_what_it_wrote(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_generate_from_a_command_prints_what_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "tools"
     assert main(["generate", "shapes", "--root", str(root), "--", sys.executable, SHAPES]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -33,9 +31,7 @@ def test_generate_from_a_command_prints_what_it_wrote(
     assert capsys.readouterr().out.startswith(f"unchanged {root / 'shapes'}/")
 
 
-def test_command_options_reach_the_server_parameters(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_command_options_reach_the_server_parameters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "tools"
     argv = ["generate", "s", "--root", str(root), "--env", "A=1", "--env", "B=x=y", "--cwd", str(tmp_path)]
     assert main([*argv, "--", sys.executable, SHAPES]) == 0
@@ -66,8 +62,7 @@ def test_usage_mistakes_exit_2_with_the_fix_in_the_message(
 def test_a_server_that_cannot_start_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "gone", "--root", str(tmp_path), "--", str(tmp_path / "missing")]) == 1
     assert (
-        "ipybox: error: cannot generate sources for MCP server 'gone': cannot list its tools"
-        in capsys.readouterr().err
+        "ipybox: error: cannot generate sources for MCP server 'gone': cannot list its tools" in capsys.readouterr().err
     )
 
 
@@ -77,11 +72,7 @@ def test_stubs_prints_the_stubs_and_their_size(tmp_path: Path, capsys: pytest.Ca
     capsys.readouterr()
     assert main(["stubs", "--root", str(root), "--tool", "rate", "--tool", "get-weather"]) == 0
     captured = capsys.readouterr()
-    assert (
-        "class rate:" in captured.out
-        and "class get_weather:" in captured.out
-        and "class echo:" not in captured.out
-    )
+    assert "class rate:" in captured.out and "class get_weather:" in captured.out and "class echo:" not in captured.out
     assert captured.err == f"# {len(captured.out)} characters\n"
 
 
@@ -95,8 +86,6 @@ async def test_generate_from_a_url_with_python_dash_m(transport: str, tmp_path: 
         with anyio.fail_after(SUBPROCESS_TIMEOUT):
             result = await anyio.run_process(argv, check=False)
     assert result.returncode == 0, result.stderr.decode()
-    assert result.stdout.decode().startswith(
-        f"wrote {root / 'remote'}/ from MCP server 'remote': 13 tool modules"
-    )
+    assert result.stdout.decode().startswith(f"wrote {root / 'remote'}/ from MCP server 'remote': 13 tool modules")
     stored = load_manifest(root)["remote"].model_dump()
     assert stored["url"] == url and stored["type"] == ("sse" if transport == "sse" else "streamable-http")

@@ -115,11 +115,7 @@ async def test_every_module_calls_its_tool_by_the_original_names(
         literals = call_literals(root / "shapes" / f"{tool.module}.py")
         assert literals == [("shapes", tool.name), ("shapes", tool.name)]
     originals = {t.module: t.name for t in report.sources.tools}
-    assert (
-        originals["a_b_2"] == "a-b"
-        and originals["class_"] == "class"
-        and originals["tool_1st_tool"] == "1st tool"
-    )
+    assert originals["a_b_2"] == "a-b" and originals["class_"] == "class" and originals["tool_1st_tool"] == "1st tool"
     assert originals["unicode"] == "Ünïcödé" and originals["tool_77710aed"] == "日本語"
 
 
@@ -151,9 +147,7 @@ async def test_structured_results_validate_into_result_with_nested_models(
         {"items": [{"sku": "a", "qty": 2}, {"sku": "b", "qty": 1}], "ship_to": {"street": "s", "city": "c"}}
     )
     async with open_session("shapes", parse_server_params(shapes_params())) as session:
-        called = await session.call_tool(
-            "rate", args.model_dump(mode="json", by_alias=True, exclude_unset=True)
-        )
+        called = await session.call_tool("rate", args.model_dump(mode="json", by_alias=True, exclude_unset=True))
     assert called.structured_content is not None
     result = rate.Result.model_validate(called.structured_content)
     assert result.total == 3.0

@@ -279,8 +279,6 @@ async def test_stubs_of_a_hostile_package_keep_every_payload_in_comments_and_str
     stubs = render_tool_stubs(hostile.root)
     ast.parse(stubs)
     code_names = {
-        token.string
-        for token in tokenize.generate_tokens(io.StringIO(stubs).readline)
-        if token.type == tokenize.NAME
+        token.string for token in tokenize.generate_tokens(io.StringIO(stubs).readline) if token.type == tokenize.NAME
     }
     assert "__import__" not in code_names and "touch" not in code_names

@@ -41,9 +41,7 @@ async def test_generated_packages_pass_pyright_strict(tmp_path: Path) -> None:
     with anyio.fail_after(PYRIGHT_TIMEOUT):
         result = await anyio.run_process([str(PYRIGHT), "--outputjson"], cwd=tmp_path, check=False)
     report = json.loads(result.stdout)
-    problems = [
-        f"{d['file']}:{d['range']['start']['line'] + 1}: {d['message']}" for d in report["generalDiagnostics"]
-    ]
+    problems = [f"{d['file']}:{d['range']['start']['line'] + 1}: {d['message']}" for d in report["generalDiagnostics"]]
     assert problems == []
     expected = sum(len(list((root / p).glob("*.py"))) for p in packages) + 1
     assert report["summary"]["filesAnalyzed"] == expected

@@ -33,9 +33,7 @@ async def root(tmp_path_factory: pytest.TempPathFactory) -> AsyncGenerator[Path]
 
 async def test_stubs_show_import_line_models_fields_and_signatures(root: Path) -> None:
     stubs = render_tool_stubs(root)
-    assert stubs.startswith(
-        "# MCP server 'shapes': one module per tool, `from mcptools.shapes import <tool>`"
-    )
+    assert stubs.startswith("# MCP server 'shapes': one module per tool, `from mcptools.shapes import <tool>`")
     rate = stubs[stubs.index("class rate:") : stubs.index("class tool_1st_tool:")]
     assert rate.splitlines() == [
         "class rate:  # Rate an order.",
@@ -85,9 +83,7 @@ async def test_unknown_servers_and_tools_are_usage_errors(root: Path, tmp_path: 
         render_tool_stubs(root, servers=["nope"])
     with pytest.raises(UsageError, match=r"no generated module for tool\(s\) 'nope'"):
         render_tool_stubs(root, tools=["rate", "nope"])
-    with pytest.raises(
-        UsageError, match=r"tools takes a list of names, got the string 'rate'; pass \['rate'\]"
-    ):
+    with pytest.raises(UsageError, match=r"tools takes a list of names, got the string 'rate'; pass \['rate'\]"):
         render_tool_stubs(root, tools="rate")
     with pytest.raises(UsageError, match="is not a directory"):
         render_tool_stubs(tmp_path / "missing")
@@ -113,9 +109,7 @@ async def test_stubs_of_server_everything_are_much_smaller_than_its_json_schemas
     await generate_mcp_sources("everything", everything_params(), root)
     async with open_session("everything", parse_server_params(everything_params())) as session:
         listing = await session.list_tools()
-    raw = json.dumps(
-        [tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in listing.tools]
-    )
+    raw = json.dumps([tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in listing.tools])
     stubs = render_tool_stubs(root)
     assert len(stubs) < 0.5 * len(raw), f"stubs {len(stubs)} chars vs raw JSON {len(raw)} chars"
     assert len([line for line in stubs.splitlines() if line.startswith("class ")]) == len(listing.tools)

@@ -64,18 +64,14 @@ class Weather(BaseModel):
 
 
 def build(variant: str | None) -> MCPServer:
-    server = MCPServer(
-        "codegen-shapes", version="1.0", instructions="Tools with awkward names and nested models."
-    )
+    server = MCPServer("codegen-shapes", version="1.0", instructions="Tools with awkward names and nested models.")
     if variant == "empty":
         return server
 
     @server.tool(name="rate", description="Rate an order.\n\nReturns a score per line.")
     def rate(items: list[In.Item], ship_to: Address, rush: bool = False) -> Rating:
         scored = [Out.Item(label=f"{i.sku}x{i.qty}", score=i.qty * (2.0 if rush else 1.0)) for i in items]
-        return Rating(
-            total=sum(s.score for s in scored), items=scored, ship_to=ship_to, tags={"rush": str(rush)}
-        )
+        return Rating(total=sum(s.score for s in scored), items=scored, ship_to=ship_to, tags={"rush": str(rush)})
 
     @server.tool(name="book", description="Book a trip; its fields are Python keywords.")
     def book(trip: Trip) -> str:
