@@ -37,7 +37,7 @@ from ._exceptions import (
 )
 from ._execution import Execution
 from ._kernel import Display, Error, Kernel, KernelEvent, Limits, Reply, Stream, default_python, strip_ansi
-from ._manifest import load_manifest
+from ._manifest import MANIFEST_DIR, load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._packages import install_package
 from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
@@ -158,6 +158,9 @@ class CodeExecutor:
             )
             self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
             if self.tools_dir is not None and self.tools_dir.is_dir():
+                # Exists before the kernel starts, so it is hidden even when sources are generated
+                # (and the manifest written) while the kernel runs: the mount is live.
+                (self.tools_dir / MANIFEST_DIR).mkdir(mode=0o700, exist_ok=True)
                 for name, params in load_manifest(self.tools_dir).items():
                     self._tools.register(name, params)
             self._tg = await stack.enter_async_context(anyio.create_task_group())
@@ -219,8 +222,8 @@ class CodeExecutor:
     def _hidden_paths(self) -> list[Path]:
         tools = self._mounted_tools_dir()
         # The manifest holds server parameters (commands, URLs, maybe secrets): host only.
-        if tools is not None and (tools / ".ipybox").is_dir():
-            return [tools / ".ipybox"]
+        if tools is not None and (tools / MANIFEST_DIR).is_dir():
+            return [tools / MANIFEST_DIR]
         return []
 
     async def _run_kernels(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
