@@ -363,6 +363,9 @@ async def test_sources_generated_while_the_kernel_runs_are_importable_and_the_ma
         ex.register_mcp_server("late", stdio_server())
         manifest = tools / ".ipybox" / "servers.json"
         assert manifest.exists()
-        code = f"import os\nfrom latetools.late import greet\nprint(greet.run({{'name': 'late'}}))\nos.path.exists({str(manifest)!r})"
+        code = (
+            "import os\nfrom latetools.late import greet\n"
+            f"print(greet.run({{'name': 'late'}}))\nos.path.exists({str(manifest)!r})"
+        )
         result = await ex.execute(code)
         assert result.text == "Hello, late!\nFalse\n"
