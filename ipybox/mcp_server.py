@@ -173,7 +173,8 @@ class _Session:
         ctx = self.ctx
         name = f"{request.server_name}.{request.tool_name}"
         capabilities = ctx.client_capabilities if ctx is not None else None
-        if ctx is None or capabilities is None or capabilities.elicitation is None:
+        can_ask = ctx is not None and ctx.request_context.session.can_send_request
+        if ctx is None or not can_ask or capabilities is None or capabilities.elicitation is None:
             return ApprovalDecision(
                 approved=False,
                 by="policy",
@@ -225,45 +226,73 @@ def _approval_message(request: ApprovalRequest, code: str) -> str:
 
 
 class _Sessions:
-    """Starts a `_Session` for each MCP connection on first use and stops it when the connection ends."""
+    """Starts a `_Session` on first use and stops it when its MCP session ends.
+
+    Over stdio the server has exactly one client, and its session lasts as long as the process.
+    Over HTTP each MCP session (``Mcp-Session-Id``) gets its own, stopped when the client ends the
+    session or the session manager closes it for idleness.
+    """
 
     def __init__(self, config: ServerConfig, tg: anyio.abc.TaskGroup, *, shared: bool) -> None:
         self.config = config
         self._tg = tg
         self._shared = shared
+        self._only: _Session | None = None
         self.active: set[_Session] = set()
 
     async def get(self, ctx: Context) -> _Session:
-        connection = _connection(ctx)
-        session = cast("_Session | None", connection.state.get(_STATE_KEY))
-        if session is None:
-            session = self._create(connection)
-            connection.state[_STATE_KEY] = session
-            connection.exit_stack.push_async_callback(self._close, session)
-            self.active.add(session)
-            try:
-                await self._tg.start(session.run)
-            except IpyboxError as exc:
-                raise ToolError(f"the sandboxed kernel could not start: {exc}") from None
+        if not self._shared:
+            session = self._only
+            if session is None:
+                session = self._only = await self._start(None)
+        else:
+            connection = _connection(ctx)
+            if connection.session_id is None:
+                raise ToolError(
+                    "ipybox keeps a kernel per MCP session, and this request belongs to none; connect with "
+                    "the initialize handshake (protocol 2025-11-25) over streamable HTTP with sessions"
+                )
+            session = cast("_Session | None", connection.state.get(_STATE_KEY))
+            if session is None:
+                session = await self._start(connection)
         await session.ready.wait()
         if session.error is not None:
             raise ToolError(f"the sandboxed kernel could not start: {session.error}")
         return session
 
-    def _create(self, connection: Connection) -> _Session:
+    async def _start(self, connection: Connection | None) -> _Session:
         workspace = self.config.workspace
-        if self._shared:
+        if connection is not None:
             # Several clients share this server: each works in its own directory.
-            label = connection.session_id or secrets.token_hex(8)
-            workspace = workspace / "sessions" / "".join(c for c in label if c.isalnum() or c in "-_")[:64]
+            label = "".join(c for c in connection.session_id or "" if c.isalnum() or c in "-_")[:64]
+            workspace = workspace / "sessions" / (label or secrets.token_hex(8))
             workspace.mkdir(parents=True, exist_ok=True)
-        state_dir = Path(tempfile.mkdtemp(prefix="ipybox-mcp-"))
-        return _Session(config=self.config, workspace=workspace, state_dir=state_dir)
+        session = _Session(
+            config=self.config, workspace=workspace, state_dir=Path(tempfile.mkdtemp(prefix="ipybox-mcp-"))
+        )
+        if connection is not None:
+            # Stored before starting, so concurrent first requests of the session wait for this one.
+            connection.state[_STATE_KEY] = session
+            connection.exit_stack.push_async_callback(self.close, session)
+        self.active.add(session)
+        try:
+            await self._tg.start(session.run)
+        except IpyboxError as exc:
+            self.active.discard(session)
+            raise ToolError(f"the sandboxed kernel could not start: {exc}") from None
+        return session
 
-    async def _close(self, session: _Session) -> None:
+    async def close(self, session: _Session) -> None:
+        """Stop a session's executor and wait until its kernel and private files are gone."""
         session.closed.set()
         await session.done.wait()
         self.active.discard(session)
+
+    async def close_all(self) -> None:
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for session in list(self.active):
+                    tg.start_soon(self.close, session)
 
 
 def _connection(ctx: Context) -> Connection:
@@ -328,13 +357,14 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncGenerator[_Sessions]:
         async with anyio.create_task_group() as tg:
-            yield _Sessions(config, tg, shared=shared)
-            tg.cancel_scope.cancel()
+            sessions = _Sessions(config, tg, shared=shared)
+            try:
+                yield sessions
+            finally:
+                await sessions.close_all()
+                tg.cancel_scope.cancel()
 
     server = MCPServer("ipybox", instructions=_INSTRUCTIONS, lifespan=lifespan)
-    # The 2026 stateless protocol era has no per-connection state to keep a kernel in; clients
-    # that probe `server/discover` fall back to the session-based initialize handshake.
-    server._lowlevel_server._request_handlers.pop("server/discover", None)
 
     async def session_of(ctx: Context) -> _Session:
         return await _sessions(ctx).get(ctx)
