@@ -2,7 +2,7 @@
 
 ``ipybox generate NAME -- COMMAND ARGS...`` and ``ipybox generate NAME --url URL [--transport sse]``
 write the typed package of an MCP server; ``ipybox stubs`` prints the prompt stubs of generated
-packages. Each subcommand is a ``_cmd_*`` function registered in `_build_parser`.
+packages; ``ipybox mcp`` serves ipybox over MCP. Each subcommand is a ``_cmd_*`` function registered in `_build_parser`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import anyio
 from ._codegen import GenerationReport, generate_package
 from ._exceptions import IpyboxError, UsageError
 from ._manifest import MANIFEST_DIR, MANIFEST_FILE
+from ._mcp_config import add_arguments as add_mcp_arguments
 from ._stubs import render_tool_stubs
 
 __all__ = ("main",)
@@ -74,9 +75,7 @@ def _print_report(report: GenerationReport, root: Path) -> None:
         )
     for tool in sources.tools:
         if tool.fallbacks:
-            print(
-                f"permissive {' and '.join(tool.fallbacks)} for tool {tool.name!r}: {'; '.join(tool.notes)}"
-            )
+            print(f"permissive {' and '.join(tool.fallbacks)} for tool {tool.name!r}: {'; '.join(tool.notes)}")
     print(f"server parameters recorded in {root / MANIFEST_DIR / MANIFEST_FILE} (host only)")
 
 
@@ -95,10 +94,15 @@ def _cmd_stubs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    # Imported here: the MCP server stack is only needed by this subcommand.
+    from .mcp_server import run_parsed
+
+    return run_parsed(args)
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ipybox", description="Sandboxed Python code actions with MCP tools."
-    )
+    parser = argparse.ArgumentParser(prog="ipybox", description="Sandboxed Python code actions with MCP tools.")
     commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
     generate = commands.add_parser(
@@ -118,9 +122,7 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--header", action="append", metavar="NAME=VALUE", help="HTTP header for --url")
     generate.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment for a command")
     generate.add_argument("--cwd", help="working directory for a command")
-    generate.add_argument(
-        "--root", default=DEFAULT_ROOT, help=f"the tools directory (default: {DEFAULT_ROOT})"
-    )
+    generate.add_argument("--root", default=DEFAULT_ROOT, help=f"the tools directory (default: {DEFAULT_ROOT})")
     generate.set_defaults(handler=_cmd_generate)
 
     stubs = commands.add_parser(
@@ -132,6 +134,12 @@ def _build_parser() -> argparse.ArgumentParser:
     stubs.add_argument("--server", action="append", help="only this server (repeatable)")
     stubs.add_argument("--tool", action="append", help="only this tool (repeatable)")
     stubs.set_defaults(handler=_cmd_stubs)
+
+    mcp = commands.add_parser(
+        "mcp", help="serve ipybox over MCP (stdio or streamable HTTP) for MCP clients such as Claude Code"
+    )
+    add_mcp_arguments(mcp)
+    mcp.set_defaults(handler=_cmd_mcp)
     return parser
 
 
