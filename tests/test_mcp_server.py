@@ -23,22 +23,19 @@ import anyio
 import anyio.abc
 import httpx2
 import pytest
+from codegen_support import EVERYTHING_BIN, everything_params
 from mcp import Client, StdioServerParameters, types
 from mcp.client.context import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
-
-from codegen_support import EVERYTHING_BIN, everything_params
-from servers.fixtures import stdio_server
+from servers.fixtures import stdio_server, wait_for_exit
 
 pytestmark = pytest.mark.anyio
 
 REPO = Path(__file__).resolve().parents[1]
 # Starting the server (import mcp) and its first kernel on a loaded 2-core machine.
 START_TIMEOUT = 60.0
-# Kernel shutdown and directory removal after a session ends.
+# The server's own shutdown after SIGTERM: uvicorn, then every session's kernel.
 CLEANUP_TIMEOUT = 20.0
-# Interval between looks at /proc and the temp directory while waiting for cleanup.
-POLL_INTERVAL = 0.05
 
 
 def _text(result: types.CallToolResult) -> str:
@@ -84,30 +81,31 @@ def _stdio(workspace: Path, tmp: Path, *options: str) -> StdioServerParameters:
     )
 
 
-def _leftovers(tmp: Path) -> list[str]:
-    """Session files under ``tmp`` and processes whose command line mentions it (kernels, bwrap)."""
-    found = [p.name for p in tmp.iterdir() if p.name.startswith("ipybox")]
-    mine = str(os.getpid())
+def _processes(tmp: Path) -> set[int]:
+    """Processes whose command line mentions ``tmp``: the kernels (and their bwrap) of the sessions."""
+    found: set[int] = set()
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or proc.name == mine:
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if str(tmp) in cmdline:
-            found.append(f"process {proc.name}: {cmdline[:200]}")
+        if str(tmp) in cmdline and state != "Z":
+            found.add(int(proc.name))
     return found
 
 
-async def _wait_clean(tmp: Path) -> None:
-    with anyio.fail_after(CLEANUP_TIMEOUT):
-        while _leftovers(tmp):
-            await anyio.sleep(POLL_INTERVAL)
+def _session_dirs(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith("ipybox"))
 
 
-def _kernel_processes(tmp: Path) -> int:
-    return sum(1 for item in _leftovers(tmp) if item.startswith("process"))
+async def _assert_clean(tmp: Path) -> None:
+    """No kernel is left running and no session directory is left in ``tmp``."""
+    for pid in _processes(tmp):
+        await wait_for_exit(pid)
+    assert _session_dirs(tmp) == []
 
 
 async def _call(client: Client, tool: str, **arguments: Any) -> types.CallToolResult:
@@ -195,7 +193,7 @@ async def test_a_stdio_client_registers_a_server_calls_its_tools_from_code_and_l
             assert not reset.is_error
             gone = await _call(client, "execute_ipython_cell", code="x")
             assert gone.is_error and "NameError" in _text(gone)
-        await _wait_clean(tmp)
+        await _assert_clean(tmp)
 
 
 async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(tmp_path: Path) -> None:
@@ -251,7 +249,7 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(tmp_pat
             resource = resources[0].resource
             assert isinstance(resource, types.BlobResourceContents)
             assert base64.b64decode(resource.blob) == blob[::-1]
-        await _wait_clean(tmp)
+        await _assert_clean(tmp)
 
 
 async def test_without_elicitation_the_policy_decides_and_the_default_rejection_names_the_option(
@@ -271,9 +269,10 @@ async def test_without_elicitation_the_policy_decides_and_the_default_rejection_
     )
     code = """
 from mcptools.test import add, greet, lookup, get_time
-for call in (lambda: add.run({'a': 1, 'b': 2}).result, lambda: greet.run({'name': 'Ada'}), lambda: lookup.run({'key': 'k'}), lambda: get_time.run({})):
+calls = [(add, {'a': 1, 'b': 2}), (greet, {'name': 'Ada'}), (lookup, {'key': 'k'}), (get_time, {})]
+for tool, args in calls:
     try:
-        print('ok', call())
+        print('ok', tool.run(args))
     except Exception as exc:
         print('rejected', exc)
 """
@@ -283,7 +282,7 @@ for call in (lambda: add.run({'a': 1, 'b': 2}).result, lambda: greet.run({'name'
             assert "test: " in _text(await _call(client, "list_mcp_servers"))
             result = await _call(client, "execute_ipython_cell", code=code)
             lines = _text(result).splitlines()
-            assert lines[0] == "ok 3"
+            assert lines[0] == "ok result=3"
             assert lines[1].startswith("rejected") and "denied by the approval rules" in lines[1]
             assert lines[2].startswith("ok ")
             assert lines[3].startswith("rejected") and "cannot ask its user" in lines[3]
@@ -292,13 +291,13 @@ for call in (lambda: add.run({'a': 1, 'b': 2}).result, lambda: greet.run({'name'
         async with Client(_stdio(workspace, tmp, "--config", str(config), "--approval", "deny")) as client:
             result = await _call(client, "execute_ipython_cell", code=code)
             lines = _text(result).splitlines()
-            assert lines[0] == "ok 3" and lines[2].startswith("ok ")
+            assert lines[0] == "ok result=3" and lines[2].startswith("ok ")
             assert "not allowed by the approval rules" in lines[3]
 
         async with Client(_stdio(workspace, tmp, "--config", str(config), "--approval", "auto")) as client:
             result = await _call(client, "execute_ipython_cell", code=code)
             assert [line.split()[0] for line in _text(result).splitlines()] == ["ok", "ok", "ok", "ok"]
-        await _wait_clean(tmp)
+        await _assert_clean(tmp)
 
 
 # -- streamable HTTP ---------------------------------------------------------------------------
@@ -374,6 +373,10 @@ async def test_http_sessions_are_isolated_and_a_closed_session_leaves_no_kernel_
         user = Elicitor()
         with anyio.fail_after(START_TIMEOUT * 2):
             async with _http_client(server) as other:
+                started = await _call(other, "execute_ipython_cell", code="import os\nos.getcwd()")
+                assert not started.is_error
+                others = _processes(server.tmp)
+                assert others
                 async with _http_client(server, elicitation=user) as first:
                     everything = everything_params() if EVERYTHING_BIN.exists() else None
                     if everything is not None:
@@ -400,22 +403,23 @@ async def test_http_sessions_are_isolated_and_a_closed_session_leaves_no_kernel_
                     assert _text(added) == "8\n"
                     assert any("'add'" in m for m in user.messages)
 
-                    seen = await _call(other, "execute_ipython_cell", code="import os\nsecret")
+                    seen = await _call(other, "execute_ipython_cell", code="secret")
                     assert seen.is_error and "NameError" in _text(seen)
                     files = await _call(other, "execute_ipython_cell", code="os.path.exists('mine.txt')")
                     assert _text(files) == "False\n"
                     assert "No MCP servers" in _text(await _call(other, "list_mcp_servers"))
                     assert len(list((server.workspace / "sessions").iterdir())) == 2
-                    assert _kernel_processes(server.tmp) >= 2
-                    before = _kernel_processes(server.tmp)
+                    firsts = _processes(server.tmp) - others
+                    assert firsts
 
-                with anyio.fail_after(CLEANUP_TIMEOUT):
-                    while _kernel_processes(server.tmp) >= before:
-                        await anyio.sleep(POLL_INTERVAL)
-                assert _kernel_processes(server.tmp) > 0
+                # Ending the session (the client's DELETE) stops its kernel; the other one keeps running.
+                for pid in firsts:
+                    await wait_for_exit(pid)
+                assert _processes(server.tmp) == others
                 alive = await _call(other, "execute_ipython_cell", code="print('still here')")
                 assert _text(alive) == "still here\n"
-            await _wait_clean(server.tmp)
+    # Directories are removed just after the kernels stop; once the server has exited, all must be gone.
+    await _assert_clean(server.tmp)
 
 
 def test_ipybox_mcp_help_reads_well() -> None:
