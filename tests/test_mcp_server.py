@@ -171,6 +171,15 @@ async def test_a_stdio_client_registers_a_server_calls_its_tools_from_code_and_l
             assert len(images) == 1 and images[0].mime_type == "image/png"
             assert base64.b64decode(images[0].data) == _png()
 
+            from_tool = await _call(
+                client,
+                "execute_ipython_cell",
+                code="from mcptools.test import make_image\nmake_image.run({'color': 'blue'})\nprint('done')",
+            )
+            tool_images = [c for c in from_tool.content if isinstance(c, types.ImageContent)]
+            assert len(tool_images) == 1 and tool_images[0].mime_type == "image/png", from_tool.content
+            assert base64.b64decode(tool_images[0].data).startswith(b"\x89PNG")
+
             failed = await _call(client, "execute_ipython_cell", code="print('before')\n1/0")
             assert failed.is_error
             assert _text(failed).startswith("before\n")
@@ -201,7 +210,8 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(tmp_pat
     workspace.mkdir()
     tmp.mkdir()
     with anyio.fail_after(START_TIMEOUT * 2):
-        async with Client(_stdio(workspace, tmp, "--max-file-mb", "0.01"), mode="legacy") as client:
+        options = ("--max-file-mb", "0.01", "--approval", "deny", "--allow", "test.add")
+        async with Client(_stdio(workspace, tmp, *options), mode="legacy") as client:
             unknown = await _call(client, "get_tool_stubs", server_name="nope")
             assert unknown.is_error and "'nope'" in _text(unknown) and "register_mcp_server" in _text(unknown)
 
@@ -230,6 +240,16 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(tmp_pat
             assert missing.is_error and "missing.txt" in _text(missing)
             bad_package = await _call(client, "install_package", name="--index-url=http://evil")
             assert bad_package.is_error
+
+            test = stdio_server().model_dump(mode="json", exclude_none=True)
+            assert not (await _call(client, "register_mcp_server", server_name="test", server_params=test)).is_error
+            policy = await _call(
+                client,
+                "execute_ipython_cell",
+                code="from mcptools.test import add, greet\nprint(add.run({'a': 1, 'b': 1}))\ngreet.run({'name': 'x'})",
+            )
+            assert policy.is_error and _text(policy).startswith("result=2\n")
+            assert "ToolCallRejected" in _text(policy) and "not allowed by the approval rules" in _text(policy)
 
             blob = bytes(range(256))
             uploaded = await _call(
@@ -287,12 +307,6 @@ for tool, args in calls:
             assert lines[2].startswith("ok ")
             assert lines[3].startswith("rejected") and "cannot ask its user" in lines[3]
             assert "--approval auto" in lines[3] and "--allow test.get-time" in lines[3]
-
-        async with Client(_stdio(workspace, tmp, "--config", str(config), "--approval", "deny")) as client:
-            result = await _call(client, "execute_ipython_cell", code=code)
-            lines = _text(result).splitlines()
-            assert lines[0] == "ok result=3" and lines[2].startswith("ok ")
-            assert "not allowed by the approval rules" in lines[3]
 
         async with Client(_stdio(workspace, tmp, "--config", str(config), "--approval", "auto")) as client:
             result = await _call(client, "execute_ipython_cell", code=code)
@@ -430,3 +444,25 @@ def test_ipybox_mcp_help_reads_well() -> None:
     ).stdout
     for option in ("--transport", "--bearer-token", "--workspace", "--config", "--approval", "--allow", "mcpServers"):
         assert option in out
+
+
+def test_the_plugin_and_the_registry_entry_start_ipybox_with_valid_options() -> None:
+    from ipybox._cli import _build_parser
+
+    plugin = json.loads((REPO / "plugin" / ".mcp.json").read_text())["mcpServers"]["ipybox"]
+    assert plugin["command"] == "uvx" and plugin["args"][:2] == ["ipybox", "mcp"]
+    args = _build_parser().parse_args(plugin["args"][1:])
+    assert args.subcommand == "mcp" and args.transport == "stdio"
+
+    entry = json.loads((REPO / "server.json").read_text())
+    package = entry["packages"][0]
+    assert package["identifier"] == "ipybox" and package["transport"] == {"type": "stdio"}
+    argv: list[str] = []
+    for argument in package["packageArguments"]:
+        is_positional = argument["type"] == "positional"
+        argv += [argument["value"]] if is_positional else [argument["name"], argument["default"]]
+    assert _build_parser().parse_args(argv).approval == "ask"
+    skill = (REPO / "plugin" / "skills" / "ipybox" / "SKILL.md").read_text()
+    assert skill.startswith("---\nname: ipybox\ndescription: ")
+    for tool in ("register_mcp_server", "get_tool_stubs", "execute_ipython_cell", "upload_file", "install_package"):
+        assert tool in skill
