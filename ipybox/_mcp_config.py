@@ -23,7 +23,7 @@ ApprovalMode = Literal["ask", "auto", "deny"]
 # Environment variable holding the bearer token, so it does not show in the process list.
 TOKEN_ENV = "IPYBOX_MCP_TOKEN"
 DEFAULT_PORT = 8000
-# Seconds an HTTP session may go without a request before its kernel is shut down.
+# Seconds a session may go without a request before its kernel is shut down (restarted on the next).
 DEFAULT_IDLE_TTL = 30 * 60.0
 
 
@@ -53,7 +53,9 @@ class ServerConfig:
         approval_timeout: Seconds to wait for the user's answer before rejecting.
         servers: MCP servers registered in every session at its start.
         allow_register: Whether clients may register servers (which runs commands on the host).
-        idle_ttl: Seconds an HTTP session may stay idle before it is closed with its kernel.
+        idle_ttl: Seconds without a request after which a session's kernel is shut down; the next
+            request starts a fresh one (variables are lost; registered servers and files are kept).
+            Over HTTP, a session whose client has gone away is closed after this time.
     """
 
     workspace: Path
@@ -179,7 +181,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_IDLE_TTL,
         metavar="SECONDS",
-        help=f"HTTP: close a session and its kernel after this much inactivity (default: {DEFAULT_IDLE_TTL:g})",
+        help="shut a session's kernel down after this many seconds without requests; the next request "
+        f"starts a fresh one, keeping registered servers and files (default: {DEFAULT_IDLE_TTL:g})",
     )
 
     kernel = parser.add_argument_group("kernel")

@@ -34,6 +34,7 @@ from mcp.server.connection import Connection
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
 from mcp_types import (
     BlobResourceContents,
     CallToolResult,
@@ -91,9 +92,25 @@ from code may need the user's approval."""
 # -- sessions ----------------------------------------------------------------------------------
 
 
+async def _first_of(*events: anyio.Event) -> None:
+    """Wait until any of ``events`` is set."""
+    async with anyio.create_task_group() as race:
+
+        async def until(event: anyio.Event) -> None:
+            await event.wait()
+            race.cancel_scope.cancel()
+
+        for event in events:
+            race.start_soon(until, event)
+
+
 @dataclass(eq=False)
 class _Session:
-    """The state of one MCP session: its executor, tools directory and registered servers."""
+    """The state of one MCP session: its executor, tools directory and registered servers.
+
+    The executor is stopped after ``config.idle_ttl`` seconds without a request and started again
+    by the next one; registered servers (the tools directory) and workspace files are kept.
+    """
 
     config: ServerConfig
     workspace: Path
@@ -103,6 +120,8 @@ class _Session:
     modules: dict[str, list[str]] = field(default_factory=dict[str, list[str]])
     """The generated tool modules of each registered server."""
     startup_notes: list[str] = field(default_factory=list[str])
+    notice: str = ""
+    """Told to the model with the next cell's output (the kernel was restarted after being idle)."""
     ctx: Context | None = None
     """The request whose code is running now: approval prompts are sent to its client."""
     code: str = ""
@@ -111,49 +130,125 @@ class _Session:
     closed: anyio.Event = field(default_factory=anyio.Event)
     done: anyio.Event = field(default_factory=anyio.Event)
     error: IpyboxError | None = None
+    """Why the executor could not be started (or restarted) last time."""
+    start_error: IpyboxError | None = None
+    """Why the session's first executor could not be started: the session is unusable."""
+    busy: int = 0
+    last_active: float = 0.0
+    _activity: anyio.Event = field(default_factory=anyio.Event)
+    _wanted: anyio.Event = field(default_factory=anyio.Event)
+    _changed: anyio.Event = field(default_factory=anyio.Event)
 
     @property
     def tools_dir(self) -> Path:
         return self.state_dir / _TOOLS_PACKAGE
 
-    def require_executor(self) -> CodeExecutor:
-        if self.executor is None:
-            raise ToolError(f"the session's kernel is not running: {self.error or 'it was shut down'}")
-        return self.executor
+    def _touch(self) -> None:
+        self.last_active = anyio.current_time()
+        self._activity.set()
+        self._activity = anyio.Event()
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+    def _set_executor(self, executor: CodeExecutor | None) -> None:
+        if executor is None:
+            # Replaced in the same step the executor goes away, so a request arriving while it
+            # shuts down sets the event the restart loop waits on next.
+            self._wanted = anyio.Event()
+        self.executor = executor
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    @asynccontextmanager
+    async def use(self) -> AsyncGenerator[CodeExecutor]:
+        """The running executor for one request, started again if it was stopped for idleness."""
+        self.busy += 1
+        self._touch()
+        try:
+            while self.executor is None:
+                if self.closed.is_set():
+                    raise ToolError("this MCP session is closing; its kernel was shut down")
+                changed = self._changed
+                self._wanted.set()
+                await changed.wait()
+                if self.executor is None and self.error is not None:
+                    raise ToolError(f"the sandboxed kernel could not be restarted: {self.error}")
+            yield self.executor
+        finally:
+            self.busy -= 1
+            self._touch()
+
+    async def _until_idle_or_closed(self) -> None:
+        while not self.closed.is_set():
+            activity = self._activity
+            if self.busy:
+                await _first_of(self.closed, activity)
+                continue
+            remaining = self.last_active + self.config.idle_ttl - anyio.current_time()
+            if remaining <= 0:
+                return
+            with anyio.move_on_after(remaining):
+                await _first_of(self.closed, activity)
+
+    def _executor(self) -> CodeExecutor:
         config = self.config
         sandbox = SandboxConfig(ro_paths=config.ro_paths, rw_paths=config.rw_paths) if config.sandbox else None
+        # Servers listed in the tools directory's manifest are registered again on a restart.
+        return CodeExecutor(
+            workspace=self.workspace,
+            sandbox=sandbox,
+            env=config.env,
+            limits=Limits(memory=config.memory),
+            timeout=config.timeout,
+            tools_dir=self.tools_dir,
+            approval=self._approve,
+            approval_timeout=config.approval_timeout,
+        )
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         # Created before the kernel starts so they are mounted read-only and the manifest is hidden.
         (self.tools_dir / ".ipybox").mkdir(parents=True, exist_ok=True)
+        self._touch()
         try:
-            async with CodeExecutor(
-                workspace=self.workspace,
-                sandbox=sandbox,
-                env=config.env,
-                limits=Limits(memory=config.memory),
-                timeout=config.timeout,
-                tools_dir=self.tools_dir,
-                approval=self._approve,
-                approval_timeout=config.approval_timeout,
-            ) as executor:
-                self.executor = executor
-                for name, params in config.servers.items():
+            async with self._executor() as executor:
+                for name, params in self.config.servers.items():
                     try:
                         self.modules[name] = await generate_mcp_sources(name, params, self.tools_dir)
                         executor.register_mcp_server(name, params)
                         self.servers[name] = params
                     except IpyboxError as exc:
                         self.startup_notes.append(f"server {name!r} from the configuration is unavailable: {exc}")
+                self._set_executor(executor)
                 task_status.started()
                 self.ready.set()
-                await self.closed.wait()
+                await self._until_idle_or_closed()
+                self._set_executor(None)
+            while not self.closed.is_set():
+                self.notice = (
+                    f"[ipybox: the kernel was shut down after {self.config.idle_ttl:g} s without requests and "
+                    "restarted: variables are lost; registered servers and workspace files are kept]\n"
+                )
+                await _first_of(self.closed, self._wanted)
+                if self.closed.is_set():
+                    break
+                try:
+                    async with self._executor() as executor:
+                        self.error = None
+                        self._set_executor(executor)
+                        await self._until_idle_or_closed()
+                        self._set_executor(None)
+                except IpyboxError as exc:
+                    # Reported to the waiting request; the next request tries again.
+                    self.error = exc
+                    self._set_executor(None)
         except IpyboxError as exc:
             self.error = exc
-            self.ready.set()
-            raise
+            if not self.ready.is_set():
+                self.start_error = exc
+                self.ready.set()
+                raise  # to the request that started the session
+            # Shutting down: one session's failure must not take the whole server down.
+            logger.warning("ipybox session shut down with an error: %s", exc)
         finally:
-            self.executor = None
+            self._set_executor(None)
             shutil.rmtree(self.state_dir, ignore_errors=True)
             self.done.set()
 
@@ -186,7 +281,8 @@ class _Session:
             )
         try:
             answer = await ctx.elicit(_approval_message(request, self.code), _ApprovalForm)
-        except Exception as exc:  # the client's failure to answer must reject, whatever it was
+        except (MCPError, ValueError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+            # No answer (an error, an invalid form, a client that went away) means no.
             logger.warning("elicitation for %s failed: %r", name, exc)
             return ApprovalDecision(approved=False, reason=f"asking the user about {name} failed: {exc}")
         if answer.action == "accept" and cast("_ApprovalForm", getattr(answer, "data", None)).approve:
@@ -256,8 +352,8 @@ class _Sessions:
             if session is None:
                 session = await self._start(connection)
         await session.ready.wait()
-        if session.error is not None:
-            raise ToolError(f"the sandboxed kernel could not start: {session.error}")
+        if session.start_error is not None:
+            raise ToolError(f"the sandboxed kernel could not start: {session.start_error}")
         return session
 
     async def _start(self, connection: Connection | None) -> _Session:
@@ -399,24 +495,32 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
         if limit < 1:
             raise ToolError(f"max_output_chars must be at least 1, got {limit!r}")
         session = await session_of(ctx)
-        executor = session.require_executor()
-        async with session.lock:
+        async with session.use() as executor, session.lock:
+            notice, session.notice = session.notice, ""
             session.ctx, session.code = ctx, code
+            execution = executor.execute(code, timeout=timeout or config.timeout)
             try:
-                result = await executor.execute(code, timeout=timeout or config.timeout)
+                result = await execution
+            except anyio.get_cancelled_exc_class():
+                # The client cancelled the request (or left): stop the code rather than let it run on.
+                execution.cancel()
+                raise
             except CodeExecutionError as exc:
                 output = _truncate(exc.output, limit)
                 separator = "\n" if output and not output.endswith("\n") else ""
-                return _error_result(f"{output}{separator}{exc}")
+                return _error_result(f"{notice}{output}{separator}{exc}")
             except ExecutionTimeout as exc:
                 output = _truncate(exc.output, limit)
                 shown = f"Output before the timeout:\n{output}\n" if output else "There was no output.\n"
-                return _error_result(f"TimeoutError: {exc}.\n{shown}")
+                return _error_result(f"{notice}TimeoutError: {exc}.\n{shown}")
             except (ExecutionError, KernelError) as exc:
-                return _error_result(f"{type(exc).__name__}: {exc}")
+                return _error_result(f"{notice}{type(exc).__name__}: {exc}")
             finally:
                 session.ctx, session.code = None, ""
-        return CallToolResult(content=_result_content(result, limit))
+        content = _result_content(result, limit)
+        if notice:
+            content.insert(0, TextContent(text=notice))
+        return CallToolResult(content=content)
 
     @server.tool(
         description=(
@@ -436,13 +540,13 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
                 "shows the servers it was configured with"
             )
         session = await session_of(ctx)
-        executor = session.require_executor()
-        try:
-            params = parse_server_params(server_params)
-            modules = await generate_mcp_sources(server_name, params, session.tools_dir)
-            executor.register_mcp_server(server_name, params)
-        except IpyboxError as exc:
-            raise ToolError(str(exc)) from None
+        async with session.use() as executor:
+            try:
+                params = parse_server_params(server_params)
+                modules = await generate_mcp_sources(server_name, params, session.tools_dir)
+                executor.register_mcp_server(server_name, params)
+            except IpyboxError as exc:
+                raise ToolError(str(exc)) from None
         session.servers[server_name] = params
         session.modules[server_name] = modules
         return render_tool_stubs(session.tools_dir, servers=[server_name])
@@ -500,10 +604,11 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
         ctx: Context,
     ) -> str:
         session = await session_of(ctx)
-        try:
-            output = await session.require_executor().install(name)
-        except IpyboxError as exc:
-            raise ToolError(str(exc)) from None
+        async with session.use() as executor:
+            try:
+                output = await executor.install(name)
+            except IpyboxError as exc:
+                raise ToolError(str(exc)) from None
         tail = output[-_INSTALL_OUTPUT_CHARS:]
         return f"installed {name!r}\n{tail}".rstrip()
 
@@ -513,8 +618,8 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
     )
     async def reset(ctx: Context) -> str:
         session = await session_of(ctx)
-        async with session.lock:
-            await session.require_executor().reset()
+        async with session.use() as executor, session.lock:
+            await executor.reset()
         return "The kernel was restarted; variables are cleared, workspace files are kept."
 
     @server.tool(
@@ -537,6 +642,8 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
             raise ToolError(
                 "content_base64 is not valid base64 (use the standard alphabet with padding, no line breaks)"
             ) from None
+        if len(data) > config.max_file_bytes:
+            raise ToolError(f"the file is {len(data)} bytes; the upload limit is {config.max_file_bytes}")
         session = await session_of(ctx)
         try:
             written = await anyio.to_thread.run_sync(write_file, session.workspace, path, data)

@@ -326,14 +326,14 @@ class HttpIpybox:
 
 
 @asynccontextmanager
-async def _http_ipybox(tmp_path: Path) -> AsyncGenerator[HttpIpybox]:
+async def _http_ipybox(tmp_path: Path, *options: str) -> AsyncGenerator[HttpIpybox]:
     workspace, tmp = tmp_path / "ws", tmp_path / "tmp"
     workspace.mkdir()
     tmp.mkdir()
     token = "s3cret-token"
     env = {**_server_env(tmp), "IPYBOX_MCP_TOKEN": token}
     command = [sys.executable, "-m", "ipybox.mcp_server", "--transport", "http", "--port", "0"]
-    command += ["--workspace", str(workspace)]
+    command += ["--workspace", str(workspace), *options]
     process = await anyio.open_process(command, env=env, cwd=REPO)
     stderr: list[str] = []
     ready = anyio.Event()
@@ -434,6 +434,35 @@ async def test_http_sessions_are_isolated_and_a_closed_session_leaves_no_kernel_
                 assert _text(alive) == "still here\n"
     # Directories are removed just after the kernels stop; once the server has exited, all must be gone.
     await _assert_clean(server.tmp)
+
+
+async def test_an_idle_kernel_is_shut_down_and_the_next_call_gets_a_fresh_one_with_the_same_servers(
+    tmp_path: Path,
+) -> None:
+    workspace, tmp = tmp_path / "ws", tmp_path / "tmp"
+    workspace.mkdir()
+    tmp.mkdir()
+    params = stdio_server().model_dump(mode="json", exclude_none=True)
+    options = ("--idle-ttl", "1", "--allow", "test.*")
+    with anyio.fail_after(START_TIMEOUT * 2):
+        async with Client(_stdio(workspace, tmp, *options), mode="legacy") as client:
+            assert not (await _call(client, "register_mcp_server", server_name="test", server_params=params)).is_error
+            await _call(client, "execute_ipython_cell", code="x = 1\nopen('kept.txt', 'w').write('yes')")
+            kernels = _processes(tmp)
+            assert kernels
+            for pid in kernels:
+                await wait_for_exit(pid)
+
+            after = await _call(
+                client,
+                "execute_ipython_cell",
+                code="from mcptools.test import add\nprint(open('kept.txt').read(), add.run({'a': 1, 'b': 1}))\nx",
+            )
+            assert after.is_error
+            text = _text(after)
+            assert "the kernel was shut down after 1 s without requests" in text
+            assert "yes result=2" in text and "NameError" in text
+        await _assert_clean(tmp)
 
 
 def test_ipybox_mcp_help_reads_well() -> None:
