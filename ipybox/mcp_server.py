@@ -64,7 +64,7 @@ from ._sandbox import SandboxConfig
 from ._stubs import render_tool_stubs
 from ._workspace import read_file, write_file
 
-__all__ = ("ServerConfig", "build_server", "main", "serve")
+__all__ = ("ServerConfig", "build_server", "main", "run_parsed", "serve")
 
 logger = logging.getLogger(__name__)
 

@@ -210,7 +210,7 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(tmp_pat
     workspace.mkdir()
     tmp.mkdir()
     with anyio.fail_after(START_TIMEOUT * 2):
-        options = ("--max-file-mb", "0.01", "--approval", "deny", "--allow", "test.add")
+        options = ("--max-file-mb", "0.01", "--approval", "deny", "--allow", "test.add", "--env", "GREETING=hello")
         async with Client(_stdio(workspace, tmp, *options), mode="legacy") as client:
             unknown = await _call(client, "get_tool_stubs", server_name="nope")
             assert unknown.is_error and "'nope'" in _text(unknown) and "register_mcp_server" in _text(unknown)
@@ -223,6 +223,12 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(tmp_pat
             assert unreachable.is_error and "'gone'" in _text(unreachable)
             wrong_type = await client.call_tool("execute_ipython_cell", {"code": 42})
             assert wrong_type.is_error and "code" in _text(wrong_type)
+
+            for timeout in (-1, 10**9):
+                bad_timeout = await _call(client, "execute_ipython_cell", code="1", timeout=timeout)
+                assert bad_timeout.is_error and "timeout must be between 0 and 3600 seconds" in _text(bad_timeout)
+            env = await _call(client, "execute_ipython_cell", code="import os\nos.environ.get('GREETING')")
+            assert _text(env) == "'hello'\n"
 
             huge = await _call(client, "execute_ipython_cell", code="#" * 1_000_001)
             assert huge.is_error and "1000001 characters; the limit is 1000000" in _text(huge)
