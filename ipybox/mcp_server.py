@@ -31,16 +31,20 @@ from typing import Annotated, Any, Literal, cast
 import anyio
 import anyio.abc
 from mcp.server.connection import Connection
+from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
+    METHOD_NOT_FOUND,
     BlobResourceContents,
     CallToolResult,
     ContentBlock,
+    DiscoverResult,
     EmbeddedResource,
     ImageContent,
+    RequestParams,
     TextContent,
 )
 from pydantic import BaseModel, Field
@@ -461,6 +465,18 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
                 tg.cancel_scope.cancel()
 
     server = MCPServer("ipybox", instructions=_INSTRUCTIONS, lifespan=lifespan)
+
+    if shared:
+        # The 2026 protocol is sessionless, so it has nowhere to keep a kernel between requests.
+        # Refusing discovery makes clients that probe for it fall back to the initialize handshake
+        # (over HTTP every request without a session id stands alone, so the fallback can succeed).
+        async def refuse_discovery(ctx: ServerRequestContext[Any], params: RequestParams) -> DiscoverResult:
+            raise MCPError(
+                code=METHOD_NOT_FOUND,
+                message="ipybox keeps a kernel per MCP session: connect with the initialize handshake",
+            )
+
+        server._lowlevel_server.add_request_handler("server/discover", RequestParams, refuse_discovery)
 
     async def session_of(ctx: Context) -> _Session:
         return await _sessions(ctx).get(ctx)

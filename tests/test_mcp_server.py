@@ -376,11 +376,13 @@ async def _http_ipybox(tmp_path: Path, *options: str) -> AsyncGenerator[HttpIpyb
 
 
 @asynccontextmanager
-async def _http_client(server: HttpIpybox, *, elicitation: Elicitor | None = None) -> AsyncGenerator[Client]:
+async def _http_client(
+    server: HttpIpybox, *, elicitation: Elicitor | None = None, mode: str = "legacy"
+) -> AsyncGenerator[Client]:
     headers = {"Authorization": f"Bearer {server.token}"}
     async with httpx2.AsyncClient(headers=headers, timeout=START_TIMEOUT) as http:
         transport = streamable_http_client(server.url, http_client=http)
-        async with Client(transport, elicitation_callback=elicitation, mode="legacy") as client:
+        async with Client(transport, elicitation_callback=elicitation, mode=mode) as client:
             yield client
 
 
@@ -392,7 +394,8 @@ async def test_http_sessions_are_isolated_and_a_closed_session_leaves_no_kernel_
 
         user = Elicitor()
         with anyio.fail_after(START_TIMEOUT * 2):
-            async with _http_client(server) as other:
+            # This client probes for the sessionless 2026 protocol first and falls back to a session.
+            async with _http_client(server, mode="auto") as other:
                 started = await _call(other, "execute_ipython_cell", code="import os\nos.getcwd()")
                 assert not started.is_error
                 others = _processes(server.tmp)
