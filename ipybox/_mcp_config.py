@@ -81,6 +81,9 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not self.workspace.is_dir():
             raise UsageError(f"workspace {str(self.workspace)!r} is not an existing directory; create it first")
+        for path in (*self.ro_paths, *self.rw_paths):
+            if not path.is_absolute() or not path.exists():
+                raise UsageError(f"sandbox path {str(path)!r} must be an existing absolute path; create it or drop it")
         if self.approval not in ("ask", "auto", "deny"):
             raise UsageError(f"approval must be 'ask', 'auto' or 'deny', got {self.approval!r}")
         for name, value in (

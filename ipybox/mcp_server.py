@@ -3,7 +3,8 @@
 Run it with ``ipybox mcp`` or ``python -m ipybox.mcp_server`` (``--help`` lists the options). Every
 MCP session gets its own `CodeExecutor`: its own kernel, tool server and generated tool modules, so
 sessions cannot see each other's state. The executor is started on the session's first tool call and
-shut down when the session ends (or, over HTTP, after it has been idle for ``--idle-ttl`` seconds).
+shut down when the session ends. A kernel idle for ``--idle-ttl`` seconds is shut down too, and the
+session's next request starts a fresh one (registered servers and workspace files are kept).
 """
 
 # The per-session lifecycle needs the session's Connection, which mcp only exposes privately.
@@ -330,7 +331,7 @@ class _Sessions:
 
     Over stdio the server has exactly one client, and its session lasts as long as the process.
     Over HTTP each MCP session (``Mcp-Session-Id``) gets its own, stopped when the client ends the
-    session or the session manager closes it for idleness.
+    session or the session manager closes it (a client gone for ``idle_ttl`` seconds).
     """
 
     def __init__(self, config: ServerConfig, tg: anyio.abc.TaskGroup, *, shared: bool) -> None:
@@ -344,7 +345,12 @@ class _Sessions:
         if not self._shared:
             session = self._only
             if session is None:
-                session = self._only = await self._start(None)
+                session = self._only = self._create(None)
+                try:
+                    await self._start(session)
+                except ToolError:
+                    self._only = None  # the next request tries again
+                    raise
         else:
             connection = _connection(ctx)
             if connection.session_id is None:
@@ -354,13 +360,15 @@ class _Sessions:
                 )
             session = cast("_Session | None", connection.state.get(_STATE_KEY))
             if session is None:
-                session = await self._start(connection)
+                session = self._create(connection)
+                await self._start(session)
         await session.ready.wait()
         if session.start_error is not None:
             raise ToolError(f"the sandboxed kernel could not start: {session.start_error}")
         return session
 
-    async def _start(self, connection: Connection | None) -> _Session:
+    def _create(self, connection: Connection | None) -> _Session:
+        """A new session, registered before it starts so concurrent first requests wait for it."""
         workspace = self.config.workspace
         if connection is not None:
             # Several clients share this server: each works in its own directory.
@@ -371,16 +379,17 @@ class _Sessions:
             config=self.config, workspace=workspace, state_dir=Path(tempfile.mkdtemp(prefix="ipybox-mcp-"))
         )
         if connection is not None:
-            # Stored before starting, so concurrent first requests of the session wait for this one.
             connection.state[_STATE_KEY] = session
             connection.exit_stack.push_async_callback(self.close, session)
+        return session
+
+    async def _start(self, session: _Session) -> None:
         self.active.add(session)
         try:
             await self._tg.start(session.run)
         except IpyboxError as exc:
             self.active.discard(session)
             raise ToolError(f"the sandboxed kernel could not start: {exc}") from None
-        return session
 
     async def close(self, session: _Session) -> None:
         """Stop a session's executor and wait until its kernel and private files are gone."""

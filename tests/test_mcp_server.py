@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import struct
+import subprocess
 import sys
 import zlib
 from collections.abc import AsyncGenerator
@@ -474,8 +475,22 @@ async def test_an_idle_kernel_is_shut_down_and_the_next_call_gets_a_fresh_one_wi
         await _assert_clean(tmp)
 
 
+def test_bad_options_and_config_files_stop_the_server_with_a_clear_message(tmp_path: Path) -> None:
+    config = tmp_path / "bad.json"
+    config.write_text(json.dumps({"mcpServers": {"x": {"url": "ftp://nope"}}}))
+    cases = [
+        (["--ro-path", str(tmp_path / "missing")], "missing' must be an existing absolute path"),
+        (["--config", str(config)], "server 'x' in config file"),
+        (["--workspace", str(tmp_path / "nowhere")], "create it first"),
+    ]
+    for options, message in cases:
+        run = subprocess.run(
+            [sys.executable, "-m", "ipybox", "mcp", *options], capture_output=True, text=True, cwd=REPO, timeout=60
+        )
+        assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
 def test_ipybox_mcp_help_reads_well() -> None:
-    import subprocess
 
     out = subprocess.run(
         [sys.executable, "-m", "ipybox", "mcp", "--help"], capture_output=True, text=True, check=True, cwd=REPO
