@@ -202,6 +202,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kernel.add_argument(
         "--no-register", action="store_true", help="clients may not register MCP servers (only --config ones)"
     )
+    kernel.add_argument(
+        "--allow-register",
+        action="store_true",
+        help="over HTTP, let clients register MCP servers; this lets anyone with the token run commands on "
+        "this host (always allowed over stdio, where the client is the local user)",
+    )
 
     approval = parser.add_argument_group("approval of tool calls made by kernel code")
     approval.add_argument(
@@ -258,7 +264,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         deny=(*_str_list(policy.get("deny"), "deny", source), *args.deny),
         allow_read_only=args.allow_read_only or policy.get("allowReadOnly") is True,
         servers=servers,
-        allow_register=not args.no_register,
+        # Registering a server starts a command on this host: a local stdio client may, a network
+        # client only when the operator says so.
+        allow_register=not args.no_register and (args.transport == "stdio" or args.allow_register),
         idle_ttl=args.idle_ttl,
         **extra,
     )

@@ -561,8 +561,8 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
     async def register_mcp_server(server_name: _ServerName, server_params: dict[str, Any], ctx: Context) -> str:
         if not config.allow_register:
             raise ToolError(
-                "registering servers is disabled on this ipybox server (--no-register); list_mcp_servers "
-                "shows the servers it was configured with"
+                "registering servers is disabled on this ipybox server (it was started with --no-register, or "
+                "over HTTP without --allow-register); list_mcp_servers shows the servers it was configured with"
             )
         session = await session_of(ctx)
         async with session.use() as executor:

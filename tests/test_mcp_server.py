@@ -339,7 +339,7 @@ async def _http_ipybox(tmp_path: Path, *options: str) -> AsyncGenerator[HttpIpyb
     tmp.mkdir()
     token = "s3cret-token"
     env = {**_server_env(tmp), "IPYBOX_MCP_TOKEN": token}
-    command = [sys.executable, "-m", "ipybox.mcp_server", "--transport", "http", "--port", "0"]
+    command = [sys.executable, "-m", "ipybox.mcp_server", "--transport", "http", "--port", "0", "--allow-register"]
     command += ["--workspace", str(workspace), *options]
     process = await anyio.open_process(command, env=env, cwd=REPO)
     stderr: list[str] = []
@@ -519,3 +519,17 @@ def test_the_plugin_and_the_registry_entry_start_ipybox_with_valid_options() -> 
     assert skill.startswith("---\nname: ipybox\ndescription: ")
     for tool in ("register_mcp_server", "get_tool_stubs", "execute_ipython_cell", "upload_file", "install_package"):
         assert tool in skill
+
+
+def test_network_clients_may_register_servers_only_when_the_operator_allows_it(tmp_path: Path) -> None:
+    from ipybox._cli import _build_parser
+    from ipybox._mcp_config import config_from_args
+
+    def allowed(*options: str) -> bool:
+        args = _build_parser().parse_args(["mcp", "--workspace", str(tmp_path), *options])
+        return config_from_args(args).allow_register
+
+    assert allowed() is True
+    assert allowed("--transport", "http") is False
+    assert allowed("--transport", "http", "--allow-register") is True
+    assert allowed("--no-register") is False
