@@ -145,30 +145,40 @@ class CodeExecutor:
     async def __aenter__(self) -> Self:
         if self._stack is not None:
             raise UsageError("this CodeExecutor is already running; create a new one")
-        async with AsyncExitStack() as stack:
-            # Private to this executor: the tool socket and the packages installed for the kernel.
-            self._home = Path(tempfile.mkdtemp(prefix="ipybox-"))
-            stack.callback(shutil.rmtree, self._home, ignore_errors=True)
-            (self._home / "packages").mkdir()
-            self._tools = ToolServer(
-                socket_path=self._home / "tools.sock",
-                token=self._token,
-                gate=self._gate,
-                call_timeout=self.tool_timeout,
-            )
-            self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
-            if self.tools_dir is not None and self.tools_dir.is_dir():
-                # Exists before the kernel starts, so it is hidden even when sources are generated
-                # (and the manifest written) while the kernel runs: the mount is live.
-                (self.tools_dir / MANIFEST_DIR).mkdir(mode=0o700, exist_ok=True)
-                for name, params in load_manifest(self.tools_dir).items():
-                    self._tools.register(name, params)
-            self._tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(self._tg.cancel_scope.cancel)
-            await self._tg.start(self._tools.run)
-            await self._tg.start(self._run_kernels)
-            self._stack = stack.pop_all()
+        stack = AsyncExitStack()
+        try:
+            await self._start(stack)
+        except BaseException:
+            # Unwind without passing the error into the task group, which would wrap it in an
+            # ExceptionGroup: the caller gets KernelStartError (or whatever failed) as it is.
+            self._tg = None
+            await stack.aclose()
+            raise
+        self._stack = stack
         return self
+
+    async def _start(self, stack: AsyncExitStack) -> None:
+        # Private to this executor: the tool socket and the packages installed for the kernel.
+        self._home = Path(tempfile.mkdtemp(prefix="ipybox-"))
+        stack.callback(shutil.rmtree, self._home, ignore_errors=True)
+        (self._home / "packages").mkdir()
+        self._tools = ToolServer(
+            socket_path=self._home / "tools.sock",
+            token=self._token,
+            gate=self._gate,
+            call_timeout=self.tool_timeout,
+        )
+        self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
+        if self.tools_dir is not None and self.tools_dir.is_dir():
+            # Exists before the kernel starts, so it is hidden even when sources are generated
+            # (and the manifest written) while the kernel runs: the mount is live.
+            (self.tools_dir / MANIFEST_DIR).mkdir(mode=0o700, exist_ok=True)
+            for name, params in load_manifest(self.tools_dir).items():
+                self._tools.register(name, params)
+        self._tg = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(self._tg.cancel_scope.cancel)
+        await self._tg.start(self._tools.run)
+        await self._tg.start(self._run_kernels)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

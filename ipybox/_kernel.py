@@ -210,6 +210,7 @@ class Kernel:
             client.load_connection_file(connection_file)
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
             kernel = cls(process, client, run_dir)
+            failure: KernelStartError | None = None
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(kernel._watch_process)
@@ -220,15 +221,23 @@ class Kernel:
                         with anyio.fail_after(start_timeout):
                             await kernel._wait_ready()
                     except TimeoutError:
-                        raise KernelStartError(
-                            f"the kernel did not become ready within {start_timeout:g} s",
-                            output=kernel.stderr_tail(),
-                        ) from None
-                    try:
-                        yield kernel
-                    finally:
+                        failure = KernelStartError(
+                            f"the kernel did not become ready within {start_timeout:g} s", output=kernel.stderr_tail()
+                        )
+                    except KernelStartError as exc:
+                        failure = exc
+                    if failure is not None:
+                        # Raised after the task group has closed, so it is not wrapped in a group.
                         kernel.kill()
                         tg.cancel_scope.cancel()
+                    else:
+                        try:
+                            yield kernel
+                        finally:
+                            kernel.kill()
+                            tg.cancel_scope.cancel()
+                if failure is not None:
+                    raise failure
             finally:
                 kernel.kill()
                 with anyio.CancelScope(shield=True):
