@@ -67,12 +67,15 @@ class Limits:
         open_files: Open file descriptors (RLIMIT_NOFILE).
         output_chars: Characters of output one execution may return; the rest is dropped and
             counted in ``CodeExecutionResult.truncated_chars``.
+        tmp_bytes: Size of the sandbox's private ``/tmp`` and ``/dev/shm`` each (they live in host
+            memory).
     """
 
     memory: int | None = 4 * 1024**3
     cpu_seconds: int | None = None
     open_files: int | None = 1024
     output_chars: int = 1_000_000
+    tmp_bytes: int | None = 1024**3
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +197,14 @@ class Kernel:
                     argv += [flag, str(value)]
             if sandbox is not None:
                 argv = [
-                    *bwrap_argv(sandbox, workspace=workspace, run_dir=run_dir, tools_dir=tools_dir, hidden=hidden),
+                    *bwrap_argv(
+                        sandbox,
+                        workspace=workspace,
+                        run_dir=run_dir,
+                        tools_dir=tools_dir,
+                        hidden=hidden,
+                        tmp_size=limits.tmp_bytes,
+                    ),
                     *argv,
                 ]
             process = await anyio.open_process(
