@@ -31,6 +31,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.session import Session
 
+from ._cgroup import PidsCgroup
 from ._exceptions import KernelDied, KernelStartError
 from ._sandbox import SandboxConfig, bwrap_argv
 
@@ -69,6 +70,8 @@ class Limits:
             counted in ``CodeExecutionResult.truncated_chars``.
         tmp_bytes: Size of the sandbox's private ``/tmp`` and ``/dev/shm`` each (they live in host
             memory).
+        processes: Processes and threads the kernel may have at once (a fork bomb stops there).
+            Enforced with a pids cgroup where the host has a writable pids controller; see SECURITY.md.
     """
 
     memory: int | None = 4 * 1024**3
@@ -76,6 +79,7 @@ class Limits:
     open_files: int | None = 1024
     output_chars: int = 1_000_000
     tmp_bytes: int | None = 1024**3
+    processes: int | None = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +181,7 @@ class Kernel:
         """
         run_dir = run_dir or Path(tempfile.mkdtemp(prefix="ipybox-"))
         client: AsyncKernelClient | None = None
+        cgroup: PidsCgroup | None = None
         try:
             env = dict(env)
             if "HOME" not in env:
@@ -207,6 +212,10 @@ class Kernel:
                     ),
                     *argv,
                 ]
+            cgroup = PidsCgroup.create(limits.processes) if limits.processes is not None else None
+            if cgroup is not None:
+                # The launcher joins the cgroup before it becomes bwrap, so nothing escapes it.
+                argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.path / "cgroup.procs"), *argv]
             process = await anyio.open_process(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -255,6 +264,9 @@ class Kernel:
         finally:
             if client is not None:
                 client.stop_channels()
+            if cgroup is not None:
+                with anyio.CancelScope(shield=True):
+                    await cgroup.remove()
             shutil.rmtree(run_dir, ignore_errors=True)
 
     def kill(self) -> None:

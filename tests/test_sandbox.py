@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ipybox import CodeExecutor, Limits, SandboxConfig, UsageError
+from ipybox._cgroup import pids_cgroups_available
 
 pytestmark = pytest.mark.anyio
 
@@ -193,3 +194,28 @@ async def test_files_in_etc_that_are_not_world_readable_are_masked(workspace: Pa
     finally:
         planted.unlink()
     assert result.text == "''\n"
+
+
+@pytest.mark.skipif(not pids_cgroups_available(), reason="this host offers no writable pids cgroup controller")
+async def test_a_fork_bomb_stops_at_the_process_limit_and_the_executor_keeps_working(workspace: Path) -> None:
+    code = (
+        "import os\n"
+        "children = []\n"
+        "try:\n"
+        "    for _ in range(10_000):\n"
+        "        pid = os.fork()\n"
+        "        if pid == 0:\n"
+        "            os.read(os.open('/dev/zero', os.O_RDONLY), 1) and __import__('time').sleep(60)\n"
+        "            os._exit(0)\n"
+        "        children.append(pid)\n"
+        "except OSError as e:\n"
+        "    print('stopped:', type(e).__name__)\n"
+        "for pid in children:\n"
+        "    os.kill(pid, 9)\n"
+        "    os.waitpid(pid, 0)\n"
+        "print(len(children) < 100)"
+    )
+    async with CodeExecutor(workspace=workspace, limits=Limits(processes=64)) as ex:
+        result = await ex.execute(code)
+        assert result.text == "stopped: BlockingIOError\nTrue\n"
+        assert (await ex.execute("1 + 1")).text == "2\n"
