@@ -1,0 +1,47 @@
+"""ipybox: sandboxed, stateful Python code execution for AI agents, with approved MCP tool calls."""
+
+from ._exceptions import CodeExecutionError as CodeExecutionError
+from ._exceptions import ExecutionCancelled as ExecutionCancelled
+from ._exceptions import ExecutionError as ExecutionError
+from ._exceptions import ExecutionLost as ExecutionLost
+from ._exceptions import ExecutionTimeout as ExecutionTimeout
+from ._exceptions import GenerationError as GenerationError
+from ._exceptions import IpyboxError as IpyboxError
+from ._exceptions import KernelDied as KernelDied
+from ._exceptions import KernelError as KernelError
+from ._exceptions import KernelStartError as KernelStartError
+from ._exceptions import MCPServerError as MCPServerError
+from ._exceptions import SandboxUnavailable as SandboxUnavailable
+from ._exceptions import UsageError as UsageError
+from ._execution import Execution as Execution
+from ._executor import CodeExecutor as CodeExecutor
+from ._kernel import Limits as Limits
+from ._results import CodeExecutionChunk as CodeExecutionChunk
+from ._results import CodeExecutionResult as CodeExecutionResult
+from ._results import Image as Image
+from ._results import Output as Output
+from ._sandbox import SandboxConfig as SandboxConfig
+
+__all__ = (
+    "CodeExecutionChunk",
+    "CodeExecutionError",
+    "CodeExecutionResult",
+    "CodeExecutor",
+    "Execution",
+    "ExecutionCancelled",
+    "ExecutionError",
+    "ExecutionLost",
+    "ExecutionTimeout",
+    "GenerationError",
+    "Image",
+    "IpyboxError",
+    "KernelDied",
+    "KernelError",
+    "KernelStartError",
+    "Limits",
+    "MCPServerError",
+    "Output",
+    "SandboxConfig",
+    "SandboxUnavailable",
+    "UsageError",
+)

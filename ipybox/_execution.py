@@ -1,0 +1,140 @@
+"""`Execution`: a handle on one running code action, with a replayable event log."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator, Generator
+from typing import Any
+
+import anyio
+
+from ._approval import ApprovalRequest
+from ._exceptions import ExecutionCancelled, IpyboxError
+from ._results import CodeExecutionChunk, CodeExecutionResult
+
+__all__ = ("Execution", "ExecutionEvent")
+
+ExecutionEvent = CodeExecutionChunk | ApprovalRequest | CodeExecutionResult
+
+_ids = itertools.count(1)
+
+
+class Execution:
+    """A code action that was started with `CodeExecutor.execute`.
+
+    Await it for the `CodeExecutionResult` (or the exception the code raised), or iterate it for
+    `CodeExecutionChunk` and `ApprovalRequest` events as they happen, ending with the
+    `CodeExecutionResult`. The code runs whether or not anyone consumes it. Every event is kept,
+    so any number of consumers can iterate, each from the start or from any index
+    (`events(start)`); iteration ends by raising the execution's exception, if it failed.
+    """
+
+    def __init__(self, code: str, *, key: str | None, timeout: float | None) -> None:
+        self.id = f"x{next(_ids)}"
+        self.code = code
+        self.key = key
+        self.timeout = timeout
+        self._log: list[ExecutionEvent] = []
+        self._changed = anyio.Event()
+        self._done = anyio.Event()
+        self._result: CodeExecutionResult | None = None
+        self._error: IpyboxError | None = None
+        self._cancel_scope: anyio.CancelScope | None = None
+        self._cancel_requested = False
+        self._approvals: dict[str, ApprovalRequest] = {}
+        self._pending = 0
+        self._pending_changed = anyio.Event()
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "running"
+        return f"<Execution {self.id} {state}, {len(self._log)} events>"
+
+    @property
+    def done(self) -> bool:
+        """True once the execution has completed, failed or been cancelled."""
+        return self._done.is_set()
+
+    @property
+    def log(self) -> tuple[ExecutionEvent, ...]:
+        """The events so far, in order."""
+        return tuple(self._log)
+
+    async def events(self, start: int = 0) -> AsyncIterator[ExecutionEvent]:
+        """Yield the events from index ``start`` on, waiting for new ones until the end.
+
+        Raises:
+            ExecutionError: The execution failed (after all its events were yielded).
+            KernelDied: The kernel died while running it.
+        """
+        index = start
+        while True:
+            changed = self._changed
+            while index < len(self._log):
+                yield self._log[index]
+                index += 1
+            if self._done.is_set() and index >= len(self._log):
+                if self._error is not None:
+                    raise self._error
+                return
+            await changed.wait()
+
+    def __aiter__(self) -> AsyncIterator[ExecutionEvent]:
+        return self.events(0)
+
+    def __await__(self) -> Generator[Any, None, CodeExecutionResult]:
+        return self.result().__await__()
+
+    async def result(self) -> CodeExecutionResult:
+        """Wait for the end and return the result.
+
+        Raises:
+            CodeExecutionError: The code raised.
+            ExecutionTimeout: The code ran past its timeout.
+            ExecutionCancelled: The execution was cancelled.
+            KernelDied: The kernel died while running it.
+        """
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> None:
+        """Stop the execution: the kernel is interrupted and the execution ends with
+        `ExecutionCancelled`. Does nothing if it has already ended."""
+        if self.done:
+            return
+        self._cancel_requested = True
+        if self._cancel_scope is not None:
+            self._cancel_scope.cancel()
+        else:
+            self._fail(ExecutionCancelled("the execution was cancelled before it started"))
+
+    def approval(self, request_id: str) -> ApprovalRequest:
+        """The approval request with this id (stable: ``f"{execution.id}:{n}"``).
+
+        Raises:
+            KeyError: No such request in this execution.
+        """
+        return self._approvals[request_id]
+
+    # -- used by the executor -------------------------------------------------------------
+
+    def _emit(self, event: ExecutionEvent) -> None:
+        self._log.append(event)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def _succeed(self, result: CodeExecutionResult) -> None:
+        if self.done:
+            return
+        self._result = result
+        self._emit(result)
+        self._done.set()
+
+    def _fail(self, error: IpyboxError) -> None:
+        if self.done:
+            return
+        self._error = error
+        self._done.set()
+        self._changed.set()

@@ -1,0 +1,493 @@
+"""`CodeExecutor`: runs code actions in a stateful, sandboxed IPython kernel."""
+
+# The executor drives Execution objects through their private driver interface.
+# pyright: reportPrivateUsage=false
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self, cast
+
+import anyio
+import anyio.abc
+
+from ._exceptions import (
+    CodeExecutionError,
+    ExecutionCancelled,
+    ExecutionLost,
+    ExecutionTimeout,
+    IpyboxError,
+    KernelDied,
+    KernelStartError,
+    UsageError,
+)
+from ._execution import Execution
+from ._kernel import Display, Error, Kernel, KernelEvent, Limits, Reply, Stream, default_python, strip_ansi
+from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
+from ._sandbox import SandboxConfig, resolve_sandbox
+from ._workspace import read_file, write_file
+
+__all__ = ("CodeExecutor",)
+
+# Time a kernel gets to stop the code after an interrupt before it is killed and restarted.
+INTERRUPT_GRACE = 2.0
+# Kernel start-up normally takes 0.5 s; allow for a loaded machine.
+START_TIMEOUT = 30.0
+# Variables the kernel needs from the host's environment; nothing else is passed on.
+_PASSED_ENV = ("LANG", "LC_ALL", "TZ")
+# Marker the kernel uses to report output it dropped at the source (see ipybox_kernel._launch).
+_TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
+
+
+class CodeExecutor:
+    """Runs Python code actions in a stateful IPython kernel inside an OS sandbox.
+
+    Use it as an async context manager::
+
+        async with CodeExecutor() as executor:
+            result = await executor.execute("print(1 + 1)")
+            print(result.text)
+
+    Variables persist between executions. The kernel runs in a bubblewrap sandbox by default:
+    no network, a read-only system, and only ``workspace`` writable. The kernel's environment
+    holds only what Python needs plus ``env``: the host's variables (API keys above all) do not
+    leak into it.
+
+    Args:
+        workspace: The kernel's working directory, the only place it can write. Must exist.
+        sandbox: ``"auto"`` (bubblewrap; refuses to start if it is not usable), a
+            `SandboxConfig`, or None to run without a sandbox (code can then do anything your
+            user can).
+        env: Environment variables for the kernel.
+        limits: Resource limits of the kernel and of one execution's output.
+        timeout: Default execution timeout in seconds (None: no timeout).
+    """
+
+    def __init__(
+        self,
+        *,
+        workspace: Path | str = ".",
+        sandbox: SandboxConfig | Literal["auto"] | None = "auto",
+        env: Mapping[str, str] | None = None,
+        limits: Limits | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.workspace = Path(workspace).resolve()
+        if not self.workspace.is_dir():
+            raise UsageError(f"workspace {str(workspace)!r} is not an existing directory; create it first")
+        if env is not None:
+            for name, value in env.items():
+                if not isinstance(name, str) or not isinstance(value, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+                    raise UsageError(f"env must map str to str; {name!r}: {value!r} is not")
+        _check_timeout(timeout)
+        self.sandbox = resolve_sandbox(sandbox)
+        self.limits = limits or Limits()
+        self.timeout = timeout
+        self._env = dict(env or {})
+        self._stack: AsyncExitStack | None = None
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._lock = anyio.Lock()
+        self._kernel: Kernel | None = None
+        self._kernel_ready = anyio.Event()
+        self._restart = anyio.Event()
+        self._start_error: KernelStartError | None = None
+        self._by_key: dict[str, Execution] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._stack is not None:
+            raise UsageError("this CodeExecutor is already running; create a new one")
+        async with AsyncExitStack() as stack:
+            self._tg = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(self._tg.cancel_scope.cancel)
+            await self._tg.start(self._run_kernels)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.__aexit__(exc_type, exc, tb)
+
+    def _kernel_env(self) -> dict[str, str]:
+        env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
+        env.setdefault("LANG", "C.UTF-8")
+        env.update(
+            {
+                "PATH": os.pathsep.join(
+                    [str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]
+                ),
+                "PYTHONNOUSERSITE": "1",
+                "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+                "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+                "TERM": "dumb",
+                "NO_COLOR": "1",
+            }
+        )
+        if self.sandbox is not None:
+            # ipykernel's parent poller would see the PID namespace's init as its parent and exit;
+            # the sandbox's --die-with-parent does that job instead.
+            env["JPY_PARENT_PID"] = "1"
+            env["HOME"] = "/tmp"
+            env["IPYTHONDIR"] = "/tmp/.ipython"
+        env.update(self._env)
+        return env
+
+    async def _run_kernels(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """Keep one kernel running: start it, and start a fresh one after it dies or on reset."""
+        started = False
+        while True:
+            self._restart = anyio.Event()
+            try:
+                async with Kernel.start(
+                    python=default_python(),
+                    env=self._kernel_env(),
+                    workspace=self.workspace,
+                    sandbox=self.sandbox,
+                    tools_dir=None,
+                    hidden=(),
+                    limits=self.limits,
+                    start_timeout=START_TIMEOUT,
+                ) as kernel:
+                    self._kernel = kernel
+                    self._start_error = None
+                    self._kernel_ready.set()
+                    if not started:
+                        started = True
+                        task_status.started()
+                    async with anyio.create_task_group() as race:
+
+                        async def until(event: anyio.Event) -> None:
+                            await event.wait()
+                            race.cancel_scope.cancel()
+
+                        race.start_soon(until, kernel.exited)
+                        race.start_soon(until, self._restart)
+            except KernelStartError as exc:
+                if not started:
+                    raise
+                self._start_error = exc
+                self._kernel_ready.set()
+                await self._restart.wait()
+            finally:
+                self._kernel = None
+                self._kernel_ready = anyio.Event()
+
+    async def _get_kernel(self) -> Kernel:
+        while True:
+            kernel = self._kernel
+            if kernel is not None and not kernel.exited.is_set():
+                return kernel
+            ready = self._kernel_ready
+            if kernel is None and self._start_error is not None:
+                error, self._start_error = self._start_error, None
+                self._restart.set()
+                raise error
+            await ready.wait()
+
+    async def reset(self) -> None:
+        """Replace the kernel with a fresh one. Variables are lost; workspace files are kept."""
+        self._require_running()
+        async with self._lock:
+            self._restart.set()
+            await self._kernel_ready.wait()
+            await self._get_kernel()
+
+    def interrupt(self) -> None:
+        """Interrupt the code that is running now (it raises KeyboardInterrupt in the kernel)."""
+        self._require_running()
+        if self._kernel is not None:
+            self._kernel.interrupt()
+
+    def _require_running(self) -> anyio.abc.TaskGroup:
+        if self._tg is None or self._stack is None:
+            raise UsageError("the CodeExecutor is not running; use it as 'async with CodeExecutor() as ex:'")
+        return self._tg
+
+    # -- executions ---------------------------------------------------------------------
+
+    def execute(self, code: str, *, timeout: float | None = None, key: str | None = None) -> Execution:
+        """Start running ``code`` in the kernel and return its `Execution` at once.
+
+        Executions run one at a time, in the order they were started. ``await`` the execution for
+        its result or iterate it for events.
+
+        Args:
+            code: Python source; IPython syntax (magics, top-level ``await``) works.
+            timeout: Seconds the code may run (not counting approval waits); defaults to the
+                executor's ``timeout``. When it runs out the kernel is interrupted, and restarted
+                if it does not stop within `INTERRUPT_GRACE` seconds.
+            key: Makes starting idempotent: while this executor runs, the same key returns the same
+                execution, and the code runs once.
+
+        Raises:
+            UsageError: ``code`` is not a string, the timeout is not positive, or ``key`` was used
+                for different code.
+        """
+        tg = self._require_running()
+        if not isinstance(code, str):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"code must be a str, got {type(code).__name__}")
+        _check_timeout(timeout)
+        if key is not None:
+            existing = self._by_key.get(key)
+            if existing is not None:
+                if existing.code != code:
+                    raise UsageError(f"execution key {key!r} was already used for different code")
+                return existing
+        execution = Execution(code, key=key, timeout=timeout if timeout is not None else self.timeout)
+        if key is not None:
+            self._by_key[key] = execution
+        tg.start_soon(self._drive, execution)
+        return execution
+
+    def attach(self, key: str) -> Execution:
+        """The execution started with this key.
+
+        Raises:
+            ExecutionLost: No execution with this key is known to this executor.
+        """
+        try:
+            return self._by_key[key]
+        except KeyError:
+            raise ExecutionLost(
+                f"no execution with key {key!r} in this executor (it was never started here, or the "
+                "executor was restarted); it is not run again automatically"
+            ) from None
+
+    async def _drive(self, execution: Execution) -> None:
+        with anyio.CancelScope() as scope:
+            execution._cancel_scope = scope
+            if execution._cancel_requested:
+                scope.cancel()
+            async with self._lock:
+                try:
+                    kernel = await self._get_kernel()
+                except KernelStartError as exc:
+                    execution._fail(exc)
+                    return
+                await self._run(kernel, execution)
+        if not execution.done:
+            execution._fail(ExecutionCancelled("the execution was cancelled"))
+
+    async def _run(self, kernel: Kernel, execution: Execution) -> None:
+        collector = _Collector(self.workspace, execution, self.limits.output_chars)
+        finished = anyio.Event()
+        error: IpyboxError | None = None
+        timed_out = False
+
+        async def consume() -> None:
+            nonlocal error
+            try:
+                async for event in kernel.execute(execution.code):
+                    collector.add(event)
+            except KernelDied as exc:
+                error = exc
+            finally:
+                finished.set()
+
+        start = anyio.current_time()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume)
+                timed_out = not await _wait_budget(finished, execution)
+                if timed_out:
+                    kernel.interrupt()
+                    with anyio.move_on_after(INTERRUPT_GRACE):
+                        await finished.wait()
+                    if not finished.is_set():
+                        kernel.kill()
+                        tg.cancel_scope.cancel()
+        except anyio.get_cancelled_exc_class():
+            # Cancelled by Execution.cancel() or executor shutdown: stop the code, keep the kernel.
+            with anyio.CancelScope(shield=True):
+                kernel.interrupt()
+                with anyio.move_on_after(INTERRUPT_GRACE):
+                    await finished.wait()
+                if not finished.is_set():
+                    kernel.kill()
+            execution._fail(ExecutionCancelled("the execution was cancelled; the kernel was interrupted"))
+            raise
+        duration = anyio.current_time() - start
+        text = collector.text()
+        if timed_out:
+            assert execution.timeout is not None
+            execution._fail(ExecutionTimeout(execution.timeout, restarted=not finished.is_set(), output=text))
+        elif error is not None:
+            execution._fail(error)
+        elif collector.error is not None:
+            e = collector.error
+            execution._fail(CodeExecutionError(e.ename, e.evalue, _clean_traceback(e.traceback), output=text))
+        else:
+            execution._succeed(collector.result(duration))
+
+    # -- files --------------------------------------------------------------------------
+
+    async def upload(self, src: Path | str, dst: Path | str) -> Path:
+        """Copy a host file into the workspace; ``dst`` is relative to the workspace.
+
+        Returns:
+            The path of the written file.
+        """
+        data = await anyio.Path(src).read_bytes()
+        return await anyio.to_thread.run_sync(write_file, self.workspace, dst, data)
+
+    async def download(self, src: Path | str, dst: Path | str) -> Path:
+        """Copy a workspace file (``src``, relative to the workspace) to a host path.
+
+        Symlinks in the workspace are not followed: the kernel cannot make the host read files
+        outside it.
+        """
+        data = await anyio.to_thread.run_sync(read_file, self.workspace, src)
+        await anyio.Path(dst).write_bytes(data)
+        return Path(dst)
+
+
+def _check_timeout(timeout: object) -> None:
+    if timeout is None:
+        return
+    number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
+    if not (number and timeout > 0 and math.isfinite(timeout)):  # type: ignore[operator]
+        raise UsageError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+
+
+async def _wait_budget(finished: anyio.Event, execution: Execution) -> bool:
+    """Wait until ``finished``; False if the execution's time ran out first.
+
+    The clock stops while tool calls wait for approval.
+    """
+    if execution.timeout is None:
+        await finished.wait()
+        return True
+    remaining = execution.timeout
+    while not finished.is_set():
+        if execution._pending:
+            changed = execution._pending_changed
+            async with anyio.create_task_group() as race:
+
+                async def until(event: anyio.Event) -> None:
+                    await event.wait()
+                    race.cancel_scope.cancel()
+
+                race.start_soon(until, finished)
+                race.start_soon(until, changed)
+            continue
+        if remaining <= 0:
+            return False
+        changed = execution._pending_changed
+        begin = anyio.current_time()
+        with anyio.move_on_after(remaining):
+            async with anyio.create_task_group() as race:
+
+                async def until(event: anyio.Event) -> None:
+                    await event.wait()
+                    race.cancel_scope.cancel()
+
+                race.start_soon(until, finished)
+                race.start_soon(until, changed)
+        remaining -= anyio.current_time() - begin
+    return True
+
+
+def _clean_traceback(lines: list[str]) -> str:
+    kept = [strip_ansi(line) for line in lines if "ipybox_kernel" not in line]
+    return "\n".join(kept)
+
+
+class _Collector:
+    """Turns kernel events into chunks and the result, within the output cap."""
+
+    def __init__(self, workspace: Path, execution: Execution, cap: int) -> None:
+        self._workspace = workspace
+        self._execution = execution
+        self._room = cap
+        self._text: list[str] = []
+        self._images: list[Image] = []
+        self._outputs: list[Output] = []
+        self.truncated = 0
+        self.error: Error | None = None
+        self.execution_count: int | None = None
+
+    def _take(self, size: int) -> int:
+        """Claim room for ``size`` characters; returns how many fit."""
+        fits = min(size, self._room)
+        self._room -= fits
+        self.truncated += size - fits
+        return fits
+
+    def _emit_text(self, text: str, stream: Literal["stdout", "stderr", "result"]) -> None:
+        fits = self._take(len(text))
+        if fits:
+            text = text[:fits]
+            self._text.append(text)
+            self._execution._emit(CodeExecutionChunk(text=text, stream=stream))
+
+    def add(self, event: KernelEvent) -> None:
+        match event:
+            case Stream(name=name, text=text):
+                self._emit_text(text, name)
+            case Display(data=data) if _TRUNCATED_MIME in data:
+                report: object = data[_TRUNCATED_MIME]
+                dropped = (
+                    cast("dict[str, object]", report).get("dropped") if isinstance(report, dict) else None
+                )
+                if isinstance(dropped, int) and dropped > 0:
+                    self.truncated += dropped
+            case Display(kind=kind, data=data, metadata=metadata):
+                size = sum(len(v) if isinstance(v, str) else len(json.dumps(v)) for v in data.values())
+                if self._take(size) < size:
+                    return
+                self._outputs.append(Output(data=dict(data), metadata=dict(metadata), kind=kind))
+                self._save_images(data)
+                plain = data.get("text/plain")
+                if isinstance(plain, str) and not any(m in data for m in IMAGE_TYPES):
+                    self._room += len(plain)  # already paid for as part of the bundle
+                    self._emit_text(plain + "\n", "result")
+            case Error():
+                self.error = event
+            case Reply(execution_count=count):
+                self.execution_count = count
+
+    def _save_images(self, data: Mapping[str, Any]) -> None:
+        for mime, suffix in IMAGE_TYPES.items():
+            content = data.get(mime)
+            if not isinstance(content, str):
+                continue
+            try:
+                raw = (
+                    content.encode() if mime == "image/svg+xml" else base64.b64decode(content, validate=False)
+                )
+            except ValueError:
+                continue
+            name = f"images/{self._execution.id}-{len(self._images) + 1}{suffix}"
+            try:
+                path: Path | None = write_file(self._workspace, name, raw)
+            except (OSError, UsageError):
+                path = None
+            self._images.append(Image(mime=mime, data=raw, path=path))
+
+    def text(self) -> str:
+        return "".join(self._text)
+
+    def result(self, duration: float) -> CodeExecutionResult:
+        text = self.text()
+        if self.truncated:
+            text += f"\n[ipybox: output truncated, {self.truncated} characters dropped]\n"
+        return CodeExecutionResult(
+            text=text,
+            images=tuple(self._images),
+            outputs=tuple(self._outputs),
+            execution_count=self.execution_count,
+            duration=duration,
+            truncated_chars=self.truncated,
+        )

@@ -1,0 +1,362 @@
+"""One IPython kernel process, optionally sandboxed, and the messages of the code it runs.
+
+The kernel speaks the Jupyter protocol over ZMQ ``ipc://`` sockets in a private run directory
+(they work across the sandbox's empty network namespace). The host launches the process itself
+rather than through jupyter_client's manager so that it can wait on the process's exit instead of
+polling it: a kernel that dies mid-execution is noticed at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import anyio
+import anyio.abc
+import zmq.asyncio
+from anyio.streams.memory import MemoryObjectSendStream
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.connect import write_connection_file
+from jupyter_client.session import Session
+
+from ._exceptions import KernelDied, KernelStartError
+from ._sandbox import SandboxConfig, bwrap_argv
+
+__all__ = (
+    "Display",
+    "Error",
+    "Kernel",
+    "KernelEvent",
+    "Limits",
+    "Reply",
+    "Stream",
+)
+
+# How long one kernel_info request may go unanswered before it is sent again: the iopub
+# subscription may not be connected yet, and a reply alone does not prove it is.
+_READY_RETRY = 1.0
+# Messages buffered per execution before the kernel reader waits for the consumer.
+_BUFFER = 256
+# Bytes of the kernel's raw stderr kept for error messages.
+_STDERR_TAIL = 8192
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Resource limits of the kernel process and of what one execution may return.
+
+    Attributes:
+        memory: Address-space limit in bytes (RLIMIT_AS); allocations beyond it raise MemoryError.
+        cpu_seconds: CPU time the kernel may use over its lifetime (RLIMIT_CPU); past it, it dies.
+        open_files: Open file descriptors (RLIMIT_NOFILE).
+        output_chars: Characters of output one execution may return; the rest is dropped and
+            counted in ``CodeExecutionResult.truncated_chars``.
+    """
+
+    memory: int | None = 4 * 1024**3
+    cpu_seconds: int | None = None
+    open_files: int | None = 1024
+    output_chars: int = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    name: Literal["stdout", "stderr"]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Display:
+    kind: Literal["execute_result", "display_data"]
+    data: Mapping[str, Any]
+    metadata: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    ename: str
+    evalue: str
+    traceback: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: Literal["ok", "error", "aborted"]
+    execution_count: int | None
+
+
+KernelEvent = Stream | Display | Error | Reply
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def _parse(msg: dict[str, Any]) -> KernelEvent | None:
+    kind = msg["header"]["msg_type"]
+    content: dict[str, Any] = msg["content"]
+    if kind == "stream":
+        name = "stderr" if content.get("name") == "stderr" else "stdout"
+        return Stream(name, str(content.get("text", "")))
+    if kind in ("execute_result", "display_data"):
+        return Display(kind, content.get("data") or {}, content.get("metadata") or {})
+    if kind == "error":
+        return Error(
+            str(content.get("ename", "")),
+            str(content.get("evalue", "")),
+            [str(line) for line in content.get("traceback", [])],
+        )
+    if kind == "execute_reply":
+        status = content.get("status")
+        return Reply(
+            status if status in ("ok", "error", "aborted") else "error",
+            content.get("execution_count"),
+        )
+    return None
+
+
+class Kernel:
+    """A running kernel. Create with ``async with Kernel.start(...)``."""
+
+    def __init__(self, process: anyio.abc.Process, client: AsyncKernelClient, run_dir: Path) -> None:
+        self._process = process
+        self._client = client
+        self._session: Session = client.session
+        self.run_dir = run_dir
+        self._waiters: dict[str, MemoryObjectSendStream[dict[str, Any]]] = {}
+        self._stderr: deque[bytes] = deque()
+        self._stderr_size = 0
+        self.exit_code: int | None = None
+        self.exited = anyio.Event()
+
+    def _msg(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
+        return self._session.msg(msg_type, content)  # pyright: ignore[reportUnknownMemberType]
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @classmethod
+    @asynccontextmanager
+    async def start(
+        cls,
+        *,
+        python: Sequence[str],
+        env: Mapping[str, str],
+        workspace: Path,
+        sandbox: SandboxConfig | None,
+        tools_dir: Path | None,
+        hidden: Sequence[Path],
+        limits: Limits,
+        start_timeout: float,
+        run_dir: Path | None = None,
+    ) -> AsyncGenerator[Kernel]:
+        """Launch a kernel and wait until it answers on every channel it uses.
+
+        Raises:
+            KernelStartError: The kernel exited or did not become ready within ``start_timeout``.
+        """
+        run_dir = run_dir or Path(tempfile.mkdtemp(prefix="ipybox-"))
+        client: AsyncKernelClient | None = None
+        try:
+            env = dict(env)
+            if "HOME" not in env:
+                # Unsandboxed: a private home and IPython dir that are deleted with the run dir.
+                (run_dir / "home").mkdir()
+                env["HOME"] = str(run_dir / "home")
+                env.setdefault("IPYTHONDIR", str(run_dir / "home" / ".ipython"))
+            connection_file = str(run_dir / "kernel.json")
+            write_connection_file(connection_file, transport="ipc", ip=str(run_dir / "zmq"))
+            argv = [*python, "-m", "ipybox_kernel._launch", "-f", connection_file]
+            for flag, value in (
+                ("--memory", limits.memory),
+                ("--cpu", limits.cpu_seconds),
+                ("--files", limits.open_files),
+                ("--output", limits.output_chars),
+            ):
+                if value is not None:
+                    argv += [flag, str(value)]
+            if sandbox is not None:
+                argv = [
+                    *bwrap_argv(
+                        sandbox, workspace=workspace, run_dir=run_dir, tools_dir=tools_dir, hidden=hidden
+                    ),
+                    *argv,
+                ]
+            process = await anyio.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=workspace,
+                start_new_session=True,
+            )
+            client = AsyncKernelClient()
+            client.load_connection_file(connection_file)
+            client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
+            kernel = cls(process, client, run_dir)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(kernel._watch_process)
+                    tg.start_soon(kernel._read_stderr)
+                    tg.start_soon(kernel._read_channel, "iopub")
+                    tg.start_soon(kernel._read_channel, "shell")
+                    try:
+                        with anyio.fail_after(start_timeout):
+                            await kernel._wait_ready()
+                    except TimeoutError:
+                        raise KernelStartError(
+                            f"the kernel did not become ready within {start_timeout:g} s",
+                            output=kernel.stderr_tail(),
+                        ) from None
+                    try:
+                        yield kernel
+                    finally:
+                        kernel.kill()
+                        tg.cancel_scope.cancel()
+            finally:
+                kernel.kill()
+                with anyio.CancelScope(shield=True):
+                    await process.aclose()
+        finally:
+            if client is not None:
+                client.stop_channels()
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """Kill the kernel and everything it started (the process group, or the whole sandbox)."""
+        if self._process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+
+    def stderr_tail(self) -> str:
+        return b"".join(self._stderr).decode("utf-8", "replace")
+
+    def interrupt(self) -> None:
+        """Ask the kernel to raise KeyboardInterrupt in the running code (by message: signals do
+        not reach a kernel inside a PID namespace)."""
+        self._client.control_channel.send(self._msg("interrupt_request", {}))
+
+    async def execute(self, code: str) -> AsyncGenerator[KernelEvent]:
+        """Run code and yield its events until the kernel is idle again.
+
+        Raises:
+            KernelDied: The kernel exited before the execution completed.
+        """
+        msg = self._msg(
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": False,
+            },
+        )
+        replied = idle = False
+        async with self._request(msg, "shell") as messages:
+            async for raw in messages:
+                if raw["header"]["msg_type"] == "status":
+                    idle = raw["content"].get("execution_state") == "idle"
+                else:
+                    event = _parse(raw)
+                    if event is not None:
+                        replied = replied or isinstance(event, Reply)
+                        yield event
+                # Output can still arrive on iopub after execute_reply; idle is the end of it.
+                if replied and idle:
+                    return
+        raise KernelDied(self.exit_code)
+
+    @asynccontextmanager
+    async def _request(
+        self, msg: dict[str, Any], channel: Literal["shell", "control"]
+    ) -> AsyncGenerator[anyio.abc.ObjectReceiveStream[dict[str, Any]]]:
+        msg_id: str = msg["header"]["msg_id"]
+        send, receive = anyio.create_memory_object_stream[dict[str, Any]](_BUFFER)
+        self._waiters[msg_id] = send
+        try:
+            if self.exited.is_set():
+                send.close()
+            else:
+                getattr(self._client, f"{channel}_channel").send(msg)
+            with receive:
+                yield receive
+        finally:
+            self._waiters.pop(msg_id, None)
+            send.close()
+
+    async def _wait_ready(self) -> None:
+        """Return once the kernel answers on shell and iopub; the caller bounds the wait.
+
+        Raises:
+            KernelStartError: The kernel exited first.
+        """
+        while not self.exited.is_set():
+            msg = self._msg("kernel_info_request", {})
+            replied = idle = False
+            async with self._request(msg, "shell") as messages:
+                with anyio.move_on_after(_READY_RETRY):
+                    async for raw in messages:
+                        kind = raw["header"]["msg_type"]
+                        replied = replied or kind == "kernel_info_reply"
+                        idle = idle or (kind == "status" and raw["content"].get("execution_state") == "idle")
+                        if replied and idle:
+                            return
+        raise KernelStartError(
+            f"the kernel exited during start-up (exit code {self.exit_code})", output=self.stderr_tail()
+        )
+
+    async def _watch_process(self) -> None:
+        self.exit_code = await self._process.wait()
+        self.exited.set()
+        for send in list(self._waiters.values()):
+            send.close()
+
+    async def _read_stderr(self) -> None:
+        stream = self._process.stderr
+        assert stream is not None
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            while True:
+                chunk = await stream.receive()
+                self._stderr.append(chunk)
+                self._stderr_size += len(chunk)
+                while self._stderr_size > _STDERR_TAIL and len(self._stderr) > 1:
+                    self._stderr_size -= len(self._stderr.popleft())
+
+    async def _read_channel(self, name: Literal["iopub", "shell"]) -> None:
+        socket = cast("zmq.asyncio.Socket", getattr(self._client, f"{name}_channel").socket)
+        session = self._session
+        while True:
+            frames = await socket.recv_multipart()
+            _, frames = session.feed_identities(frames)
+            try:
+                msg = session.deserialize(frames)
+            except ValueError:
+                # Unsigned or malformed: not from our kernel (or tampered with); drop it.
+                continue
+            parent = msg.get("parent_header", {}).get("msg_id")
+            send = self._waiters.get(parent) if isinstance(parent, str) else None
+            if send is not None:
+                with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    await send.send(msg)
+
+
+def default_python() -> list[str]:
+    return [sys.executable, "-X", "frozen_modules=off"]

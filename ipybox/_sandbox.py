@@ -1,0 +1,175 @@
+"""The OS sandbox the kernel runs in: bubblewrap on Linux.
+
+The kernel sees a read-only system (``/usr``, ``/etc`` minus its secrets, the Python installation),
+its own writable workspace, a private ``/tmp``, no network at all, no capabilities and no way to
+create namespaces. Nothing else of the host's filesystem is mounted: home directories, other
+projects and ``.env`` files are simply absent.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from ._exceptions import SandboxUnavailable, UsageError
+
+__all__ = ("SandboxConfig", "bwrap_argv", "resolve_sandbox")
+
+# Files under /etc that hold secrets readable by root; the sandbox sees empty files instead.
+_ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "security/opasswd")
+_ETC_SECRET_DIRS = ("ssh", "ssl/private", "sudoers.d")
+# Top-level system directories; on merged-/usr systems most are symlinks into /usr.
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# How long the one-off probe of bwrap may take before we call it broken.
+_PROBE_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxConfig:
+    """How the kernel is sandboxed.
+
+    Attributes:
+        backend: The sandbox implementation; ``"bwrap"`` (bubblewrap) is the one on Linux.
+        ro_paths: Extra host paths the kernel may read (mounted read-only at the same path).
+        rw_paths: Extra host paths the kernel may write (mounted read-write at the same path).
+    """
+
+    backend: Literal["bwrap"] = "bwrap"
+    ro_paths: Sequence[Path | str] = field(default=())
+    rw_paths: Sequence[Path | str] = field(default=())
+
+    def __post_init__(self) -> None:
+        for path in (*self.ro_paths, *self.rw_paths):
+            if not Path(path).is_absolute():
+                raise UsageError(f"sandbox paths must be absolute, got {str(path)!r}")
+            if not Path(path).exists():
+                raise UsageError(f"sandbox path {str(path)!r} does not exist; create it or remove it")
+
+
+def resolve_sandbox(sandbox: SandboxConfig | Literal["auto"] | None) -> SandboxConfig | None:
+    """Turn the ``sandbox=`` argument into a config, checking the backend works here.
+
+    Raises:
+        SandboxUnavailable: The sandbox cannot run on this machine; the message says how to
+            install it or how to opt out with ``sandbox=None``.
+        UsageError: ``sandbox`` is not a SandboxConfig, ``"auto"`` or None.
+    """
+    if sandbox is None:
+        return None
+    if sandbox == "auto":
+        sandbox = SandboxConfig()
+    if not isinstance(sandbox, SandboxConfig):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise UsageError(f"sandbox must be 'auto', a SandboxConfig or None, got {sandbox!r}")
+    _check_bwrap()
+    return sandbox
+
+
+@functools.cache
+def _bwrap_path() -> str:
+    if not sys.platform.startswith("linux"):
+        raise SandboxUnavailable(
+            "bwrap",
+            f"there is no sandbox backend for {sys.platform!r} yet; "
+            "pass sandbox=None to run the kernel without a sandbox, knowing that code can then "
+            "do anything your user can",
+        )
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailable(
+            "bwrap",
+            "bubblewrap is not installed; install it (Debian/Ubuntu: 'apt-get install bubblewrap', "
+            "Fedora: 'dnf install bubblewrap') or pass sandbox=None to run the kernel without a "
+            "sandbox, knowing that code can then do anything your user can",
+        )
+    return path
+
+
+@functools.cache
+def _check_bwrap() -> None:
+    bwrap = _bwrap_path()
+    probe = [bwrap, *_isolation_flags(), "--ro-bind", "/", "/", "--", "true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=_PROBE_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        raise SandboxUnavailable("bwrap", "a test run of bwrap did not finish") from None
+    if done.returncode != 0:
+        raise SandboxUnavailable(
+            "bwrap",
+            f"a test run of bwrap failed ({done.stderr.strip()}); user namespaces may be disabled "
+            "(check 'sysctl kernel.unprivileged_userns_clone' or AppArmor's userns restriction), "
+            "or pass sandbox=None to run without a sandbox",
+        )
+
+
+def _isolation_flags() -> list[str]:
+    return [
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-all",
+        # --unshare-all only *tries* a user namespace; --disable-userns needs one for sure.
+        "--unshare-user",
+        # As root, bwrap leaves every capability inside the namespace; without this, code can
+        # remount a read-only bind read-write and write to the host.
+        "--cap-drop",
+        "ALL",
+        "--disable-userns",
+    ]
+
+
+def _python_roots() -> list[Path]:
+    """Directories the kernel's interpreter and packages live in."""
+    import ipybox_kernel
+
+    roots = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    roots |= {Path(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    # An editable install puts the package next to the sources, outside the venv.
+    kernel_pkg = Path(ipybox_kernel.__file__).resolve().parent
+    if not any(kernel_pkg.is_relative_to(root) for root in roots):
+        roots.add(kernel_pkg)
+    return sorted(roots)
+
+
+def bwrap_argv(
+    config: SandboxConfig,
+    *,
+    workspace: Path,
+    run_dir: Path,
+    tools_dir: Path | None,
+    hidden: Sequence[Path] = (),
+) -> list[str]:
+    """The bwrap command line that runs a program with the given mounts (the program follows ``--``)."""
+    argv = [_bwrap_path(), *_isolation_flags()]
+    for top in _SYSTEM_DIRS:
+        if os.path.islink(top):
+            argv += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            argv += ["--ro-bind", top, top]
+    argv += ["--ro-bind", "/etc", "/etc"]
+    for name in _ETC_SECRETS:
+        if os.path.isfile(f"/etc/{name}"):
+            argv += ["--ro-bind", "/dev/null", f"/etc/{name}"]
+    for name in _ETC_SECRET_DIRS:
+        if os.path.isdir(f"/etc/{name}"):
+            argv += ["--tmpfs", f"/etc/{name}"]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for root in _python_roots():
+        argv += ["--ro-bind", str(root), str(root)]
+    for path in config.ro_paths:
+        argv += ["--ro-bind", str(path), str(path)]
+    argv += ["--bind", str(workspace), str(workspace)]
+    for path in config.rw_paths:
+        argv += ["--bind", str(path), str(path)]
+    if tools_dir is not None:
+        # Mounted after the workspace, so a tools dir inside the workspace stays read-only.
+        argv += ["--ro-bind", str(tools_dir), str(tools_dir)]
+    for path in hidden:
+        argv += ["--tmpfs", str(path)]
+    argv += ["--bind", str(run_dir), str(run_dir), "--chdir", str(workspace), "--"]
+    return argv

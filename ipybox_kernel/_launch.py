@@ -1,0 +1,113 @@
+"""Starts the IPython kernel inside the sandbox: resource limits first, then ipykernel.
+
+Run as ``python -m ipybox_kernel._launch [--memory N] [--cpu N] [--files N] [--output N] -f CONN``.
+The limits are set before any user code can run, hard limit equal to soft limit; without
+capabilities the kernel cannot raise them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+from typing import Any, cast
+
+# Marks the display message that reports how much output the kernel dropped for one execution.
+TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
+
+
+def _set_limit(which: int, value: int | None) -> None:
+    if value is not None:
+        resource.setrlimit(which, (value, value))
+
+
+class _OutputGuard:
+    """Caps the output one execution sends to the host, at the source.
+
+    Everything the kernel publishes goes through ``Session.send``; output beyond the budget is cut
+    here so that a ``print('x' * 10**8)`` never crosses the wire. The host enforces its own cap as
+    well and does not rely on this one.
+    """
+
+    def __init__(self, session: Any, budget: int) -> None:
+        self._send = session.send
+        self._budget = budget
+        self._used = 0
+        self._dropped = 0
+        session.send = self.send
+
+    def reset(self, *_: object) -> None:
+        self._used = 0
+        self._dropped = 0
+
+    def report(self, *_: object) -> None:
+        # ipykernel flushes the cell's buffered stream output only after post_execute; flush now so
+        # that what this cell printed is counted in this cell's report.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self._dropped:
+            from IPython.display import publish_display_data  # pyright: ignore[reportUnknownVariableType]
+
+            dropped, self._dropped = self._dropped, 0
+            publish_display_data({TRUNCATED_MIME: {"dropped": dropped}})
+
+    def send(self, stream: Any, msg_or_type: Any, content: Any = None, *args: Any, **kwargs: Any) -> Any:
+        msg = cast("dict[str, Any]", msg_or_type) if isinstance(msg_or_type, dict) else {}
+        msg_type: Any = msg_or_type if isinstance(msg_or_type, str) else msg.get("header", {}).get("msg_type")
+        body: Any = content if content is not None else msg.get("content")
+        if not isinstance(body, dict):
+            return self._send(stream, msg_or_type, content, *args, **kwargs)
+        fields = cast("dict[str, Any]", body)
+        if msg_type == "stream" and isinstance(fields.get("text"), str):
+            text: str = fields["text"]
+            room = max(self._budget - self._used, 0)
+            if len(text) > room:
+                self._dropped += len(text) - room
+                if room == 0:
+                    return None
+                fields["text"] = text = text[:room]
+            self._used += len(text)
+        elif msg_type in ("display_data", "execute_result", "update_display_data"):
+            data: Any = fields.get("data")
+            if isinstance(data, dict) and TRUNCATED_MIME not in data:
+                bundle = cast("dict[str, Any]", data)
+                size = sum(len(v) if isinstance(v, str) else len(json.dumps(v)) for v in bundle.values())
+                if self._used + size > self._budget:
+                    self._dropped += size
+                    return None
+                self._used += size
+        return self._send(stream, msg_or_type, content, *args, **kwargs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="ipybox_kernel._launch")
+    parser.add_argument("--memory", type=int)
+    parser.add_argument("--cpu", type=int)
+    parser.add_argument("--files", type=int)
+    parser.add_argument("--output", type=int)
+    ours, rest = parser.parse_known_args(argv)
+    _set_limit(resource.RLIMIT_AS, ours.memory)
+    _set_limit(resource.RLIMIT_CPU, ours.cpu)
+    _set_limit(resource.RLIMIT_NOFILE, ours.files)
+
+    from ipykernel.kernelapp import IPKernelApp
+
+    app: Any = IPKernelApp.instance()
+    app.initialize(
+        [
+            *rest,
+            # No history database on disk and no colour codes in tracebacks.
+            "--HistoryManager.enabled=False",
+            "--InteractiveShell.colors=nocolor",
+        ]
+    )
+    if ours.output is not None:
+        guard = _OutputGuard(app.session, ours.output)
+        app.shell.events.register("pre_execute", guard.reset)
+        app.shell.events.register("post_execute", guard.report)
+    app.start()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
