@@ -34,6 +34,8 @@ EVERYTHING_BIN = REPO / "node_modules" / ".bin" / "mcp-server-everything"
 
 # A side that runs longer than this is hung, not slow (a full peer run takes about 3 minutes).
 SIDE_TIMEOUT = 30 * 60.0
+# One-minute load average above which a side's numbers are flagged as taken on a busy machine.
+BUSY_LOAD = 0.5
 # Creating the peer venv downloads ~60 packages; generous for a slow mirror.
 INSTALL_TIMEOUT = 10 * 60.0
 
@@ -82,7 +84,9 @@ def _peer_env() -> dict[str, str]:
     """Our environment minus our venv, so nothing of ours leaks into the peer's processes."""
     env = dict(os.environ)
     ours = env.pop("VIRTUAL_ENV", None)
-    path = [p for p in env.get("PATH", "").split(os.pathsep) if p and (ours is None or not p.startswith(ours))]
+    path = [
+        p for p in env.get("PATH", "").split(os.pathsep) if p and (ours is None or not p.startswith(ours))
+    ]
     env["PATH"] = os.pathsep.join([str(PEER_VENV / "bin"), *path])
     env.pop("PYTHONPATH", None)
     return env
@@ -138,7 +142,10 @@ def run_side(side: str, quick: bool) -> dict[str, Any]:
         "server_python": sys.executable,
         "everything_bin": str(EVERYTHING_BIN) if EVERYTHING_BIN.exists() else None,
     }
-    _log(f"--- {side}: {python} (work dir {work})")
+    load_before = _loadavg()
+    _log(f"--- {side}: {python} (work dir {work}, load average {load_before:.2f})")
+    if load_before > BUSY_LOAD:
+        _log(f"warning: the machine is busy (load {load_before:.2f}); numbers will be noisy")
     try:
         proc = subprocess.run(
             [python, str(BENCH / f"side_{side}.py"), json.dumps(config)],
@@ -156,10 +163,21 @@ def run_side(side: str, quick: bool) -> dict[str, Any]:
         report: dict[str, Any] = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError):
         _log(f"{side} printed no report (exit code {proc.returncode}); its stdout ends with: {lines[-5:]!r}")
-        return {"side": side, "failed": f"exit code {proc.returncode}, no report", "metrics": {}, "errors": {}}
+        return {
+            "side": side,
+            "failed": f"exit code {proc.returncode}, no report",
+            "metrics": {},
+            "errors": {},
+        }
     if proc.returncode != 0:
         report.setdefault("errors", {})["exit"] = f"exit code {proc.returncode}"
+    report["load_average"] = {"before": load_before, "after": _loadavg()}
     return report
+
+
+def _loadavg() -> float:
+    """One-minute load average; other work on this 2-core machine skews every number."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def _num(x: float) -> str:
@@ -171,7 +189,8 @@ def _cell(metric: dict[str, Any] | None) -> str:
     if not metric:
         return "—"
     if "median" not in metric:
-        return f"n/a ({metric.get('na', '?')})"[:48]
+        reason = str(metric.get("na", "?"))
+        return (reason if reason.startswith("n/a") else f"n/a ({reason})")[:48]
     if metric.get("unit") == "lost":
         return f"{metric['median']:.0f}/{metric['n']}"
     if metric["n"] == 1:
@@ -240,6 +259,9 @@ def print_table(rows: list[dict[str, Any]], ours: dict[str, Any], peer: dict[str
             print(f"{side.get('side')}: {group} failed: {err}")
         if "failed" in side:
             print(f"{side['side']}: {side['failed']}")
+        load = side.get("load_average")
+        if load and max(load.values()) > BUSY_LOAD:
+            print(f"{side.get('side')}: machine was busy (load average {load}); treat its numbers as noisy")
 
 
 def main() -> None:
