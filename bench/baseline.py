@@ -1,0 +1,41 @@
+"""The floor under every tool-call number: the bench server called directly from the host.
+
+An MCP client session in this process calls `add` on the bench server over stdio, with no kernel,
+sandbox, tool channel or approval in between. No executor can make a tool call cheaper than this,
+so the kernel-side numbers of both sides are read against it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import benchlib
+from mcp import ClientSession, StdioServerParameters, stdio_client
+
+__all__ = ("direct_call",)
+
+# Bounds the whole measurement; a direct call takes ~1-3 ms, so this only trips on a hang.
+BASELINE_TIMEOUT = 120.0
+
+
+async def direct_call(*, calls: int = 200, warmup: int = 20) -> dict[str, Any]:
+    """Median time of one `add` call on the bench server over stdio, straight from the host."""
+    server = StdioServerParameters(
+        command=sys.executable, args=[str(Path(__file__).with_name("bench_mcp_server.py"))]
+    )
+    times: list[float] = []
+    with anyio.fail_after(BASELINE_TIMEOUT):
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            for i in range(warmup + calls):
+                t0 = time.perf_counter()
+                result = await session.call_tool("add", {"a": i, "b": 1})
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+                if result.structured_content != {"result": i + 1}:
+                    raise RuntimeError(f"bench server answered {result.structured_content!r} to add({i}, 1)")
+    return benchlib.summarize(times)
