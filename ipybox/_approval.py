@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from fnmatch import fnmatchcase
+from typing import Any, Literal, TypeAlias
 
 import anyio
 
-__all__ = ("ApprovalDecision", "ApprovalRequest")
+from ._exceptions import UsageError
+
+__all__ = (
+    "Approval",
+    "ApprovalCallback",
+    "ApprovalDecision",
+    "ApprovalRequest",
+    "ApprovalRules",
+    "check_approval",
+    "decide_by_policy",
+)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,3 +86,91 @@ class ApprovalRequest:
         await self._decided.wait()
         assert self._decision is not None
         return self._decision
+
+
+ApprovalCallback: TypeAlias = Callable[
+    [ApprovalRequest], "bool | ApprovalDecision | Awaitable[bool | ApprovalDecision]"
+]
+"""Decides a request: returns True/False or an `ApprovalDecision`, directly or as an awaitable."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalRules:
+    """Decide tool calls by rules; calls no rule covers are decided by ``otherwise``.
+
+    Patterns are shell-style globs over ``"server.tool"``, e.g. ``"github.*"`` or ``"*.search_*"``.
+    A matching ``deny`` pattern wins over everything else.
+
+    Attributes:
+        allow: Calls to approve without asking.
+        deny: Calls to reject without asking.
+        allow_read_only: Approve tools whose MCP annotations say ``readOnlyHint: true``. The hint
+            comes from the MCP server: enable this only for servers you trust to label tools truthfully.
+        otherwise: What happens to the rest: ask the application, accept, or reject.
+    """
+
+    allow: Sequence[str] = ()
+    deny: Sequence[str] = ()
+    allow_read_only: bool = False
+    otherwise: Literal["ask", "accept", "reject"] = "ask"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.allow, str) or isinstance(self.deny, str):
+            raise UsageError("ApprovalRules allow/deny take a list of patterns, not a single string")
+        if self.otherwise not in ("ask", "accept", "reject"):
+            raise UsageError(f"ApprovalRules otherwise must be 'ask', 'accept' or 'reject', got {self.otherwise!r}")
+
+    def decide(self, request: ApprovalRequest) -> ApprovalDecision | None:
+        """The rules' decision, or None when the application must be asked."""
+        name = f"{request.server_name}.{request.tool_name}"
+        if any(fnmatchcase(name, p) for p in self.deny):
+            return ApprovalDecision(approved=False, reason=f"{name} is denied by the approval rules", by="policy")
+        if any(fnmatchcase(name, p) for p in self.allow):
+            return ApprovalDecision(approved=True, by="policy")
+        if self.allow_read_only and (request.annotations or {}).get("readOnlyHint") is True:
+            return ApprovalDecision(approved=True, by="policy")
+        if self.otherwise == "accept":
+            return ApprovalDecision(approved=True, by="policy")
+        if self.otherwise == "reject":
+            return ApprovalDecision(approved=False, reason=f"{name} is not allowed by the approval rules", by="policy")
+        return None
+
+
+Approval: TypeAlias = Literal["ask", "auto"] | ApprovalRules | ApprovalCallback
+"""How tool calls are approved: ``"ask"`` (each becomes an `ApprovalRequest` event the application
+answers), ``"auto"`` (all approved), `ApprovalRules`, or a callback."""
+
+
+def check_approval(approval: object) -> None:
+    """Raises UsageError unless ``approval`` is a valid policy."""
+    if approval in ("ask", "auto") or isinstance(approval, ApprovalRules) or callable(approval):
+        return
+    raise UsageError(f"approval must be 'ask', 'auto', an ApprovalRules or a callable, got {approval!r}")
+
+
+async def decide_by_policy(approval: Approval, request: ApprovalRequest) -> ApprovalDecision | None:
+    """The policy's decision, or None when the application must be asked (an event)."""
+    if approval == "ask":
+        return None
+    if approval == "auto":
+        return ApprovalDecision(approved=True, by="policy")
+    if isinstance(approval, ApprovalRules):
+        return approval.decide(request)
+    if not callable(approval):
+        raise UsageError(f"invalid approval policy {approval!r}")
+    try:
+        answer: object = approval(request)
+        if inspect.isawaitable(answer):
+            answer = await answer
+    except Exception as exc:  # the application's callback: any failure means "no"
+        logger.exception("approval callback failed")
+        return ApprovalDecision(approved=False, reason=f"the approval callback failed: {exc!r}", by="policy")
+    if isinstance(answer, ApprovalDecision):
+        return answer
+    if isinstance(answer, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+        return ApprovalDecision(approved=answer, by="policy")
+    return ApprovalDecision(
+        approved=False,
+        reason=f"the approval callback returned {answer!r}, not a bool or ApprovalDecision",
+        by="policy",
+    )

@@ -92,9 +92,7 @@ class KernelDied(KernelError):
         how = "" if exit_code is None else (f" (exit code {exit_code})" if exit_code >= 0 else "")
         if exit_code is not None and exit_code < 0:
             how = f" (killed by signal {-exit_code})"
-        super().__init__(
-            f"the kernel died{how}; its state is lost and the next execution starts a fresh kernel"
-        )
+        super().__init__(f"the kernel died{how}; its state is lost and the next execution starts a fresh kernel")
         self.exit_code = exit_code
 
 

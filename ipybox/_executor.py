@@ -96,7 +96,7 @@ class CodeExecutor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
         self._kernel: Kernel | None = None
-        self._kernel_ready = anyio.Event()
+        self._kernel_changed = anyio.Event()
         self._restart = anyio.Event()
         self._start_error: KernelStartError | None = None
         self._by_key: dict[str, Execution] = {}
@@ -118,16 +118,16 @@ class CodeExecutor:
     ) -> None:
         stack, self._stack = self._stack, None
         if stack is not None:
-            await stack.__aexit__(exc_type, exc, tb)
+            # The body's own exception propagates as it is: our tasks are cancelled, not failed, so
+            # it is not passed into the task group (which would wrap it in an ExceptionGroup).
+            await stack.aclose()
 
     def _kernel_env(self) -> dict[str, str]:
         env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
         env.setdefault("LANG", "C.UTF-8")
         env.update(
             {
-                "PATH": os.pathsep.join(
-                    [str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]
-                ),
+                "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
                 "PYTHONNOUSERSITE": "1",
                 "PYDEVD_DISABLE_FILE_VALIDATION": "1",
                 "MPLBACKEND": "module://matplotlib_inline.backend_inline",
@@ -160,9 +160,8 @@ class CodeExecutor:
                     limits=self.limits,
                     start_timeout=START_TIMEOUT,
                 ) as kernel:
-                    self._kernel = kernel
+                    self._set_kernel(kernel)
                     self._start_error = None
-                    self._kernel_ready.set()
                     if not started:
                         started = True
                         task_status.started()
@@ -174,34 +173,45 @@ class CodeExecutor:
 
                         race.start_soon(until, kernel.exited)
                         race.start_soon(until, self._restart)
+                    self._set_kernel(None)
             except KernelStartError as exc:
                 if not started:
                     raise
                 self._start_error = exc
-                self._kernel_ready.set()
+                self._set_kernel(None)
                 await self._restart.wait()
             finally:
-                self._kernel = None
-                self._kernel_ready = anyio.Event()
+                self._set_kernel(None)
+
+    def _set_kernel(self, kernel: Kernel | None) -> None:
+        if kernel is self._kernel:
+            return
+        self._kernel = kernel
+        self._kernel_changed.set()
+        self._kernel_changed = anyio.Event()
 
     async def _get_kernel(self) -> Kernel:
+        """The running kernel, waiting for a replacement if it has died or is being reset."""
         while True:
             kernel = self._kernel
             if kernel is not None and not kernel.exited.is_set():
                 return kernel
-            ready = self._kernel_ready
             if kernel is None and self._start_error is not None:
                 error, self._start_error = self._start_error, None
                 self._restart.set()
                 raise error
-            await ready.wait()
+            await self._kernel_changed.wait()
 
     async def reset(self) -> None:
         """Replace the kernel with a fresh one. Variables are lost; workspace files are kept."""
         self._require_running()
         async with self._lock:
+            old = self._kernel
             self._restart.set()
-            await self._kernel_ready.wait()
+            while self._kernel is old or self._kernel is None:
+                if self._kernel is None and self._start_error is not None:
+                    break
+                await self._kernel_changed.wait()
             await self._get_kernel()
 
     def interrupt(self) -> None:
@@ -284,7 +294,7 @@ class CodeExecutor:
         collector = _Collector(self.workspace, execution, self.limits.output_chars)
         finished = anyio.Event()
         error: IpyboxError | None = None
-        timed_out = False
+        timed_out = restarted = False
 
         async def consume() -> None:
             nonlocal error
@@ -306,7 +316,8 @@ class CodeExecutor:
                     with anyio.move_on_after(INTERRUPT_GRACE):
                         await finished.wait()
                     if not finished.is_set():
-                        kernel.kill()
+                        restarted = True
+                        await kernel.kill_and_wait()
                         tg.cancel_scope.cancel()
         except anyio.get_cancelled_exc_class():
             # Cancelled by Execution.cancel() or executor shutdown: stop the code, keep the kernel.
@@ -315,14 +326,14 @@ class CodeExecutor:
                 with anyio.move_on_after(INTERRUPT_GRACE):
                     await finished.wait()
                 if not finished.is_set():
-                    kernel.kill()
+                    await kernel.kill_and_wait()
             execution._fail(ExecutionCancelled("the execution was cancelled; the kernel was interrupted"))
             raise
         duration = anyio.current_time() - start
         text = collector.text()
         if timed_out:
             assert execution.timeout is not None
-            execution._fail(ExecutionTimeout(execution.timeout, restarted=not finished.is_set(), output=text))
+            execution._fail(ExecutionTimeout(execution.timeout, restarted=restarted, output=text))
         elif error is not None:
             execution._fail(error)
         elif collector.error is not None:
@@ -438,9 +449,7 @@ class _Collector:
                 self._emit_text(text, name)
             case Display(data=data) if _TRUNCATED_MIME in data:
                 report: object = data[_TRUNCATED_MIME]
-                dropped = (
-                    cast("dict[str, object]", report).get("dropped") if isinstance(report, dict) else None
-                )
+                dropped = cast("dict[str, object]", report).get("dropped") if isinstance(report, dict) else None
                 if isinstance(dropped, int) and dropped > 0:
                     self.truncated += dropped
             case Display(kind=kind, data=data, metadata=metadata):
@@ -464,9 +473,7 @@ class _Collector:
             if not isinstance(content, str):
                 continue
             try:
-                raw = (
-                    content.encode() if mime == "image/svg+xml" else base64.b64decode(content, validate=False)
-                )
+                raw = content.encode() if mime == "image/svg+xml" else base64.b64decode(content, validate=False)
             except ValueError:
                 continue
             name = f"images/{self._execution.id}-{len(self._images) + 1}{suffix}"

@@ -49,6 +49,8 @@ __all__ = (
 _READY_RETRY = 1.0
 # Messages buffered per execution before the kernel reader waits for the consumer.
 _BUFFER = 256
+# A SIGKILLed process is reaped within milliseconds; this only bounds a pathological case.
+_KILL_WAIT = 5.0
 # Bytes of the kernel's raw stderr kept for error messages.
 _STDERR_TAIL = 8192
 
@@ -192,9 +194,7 @@ class Kernel:
                     argv += [flag, str(value)]
             if sandbox is not None:
                 argv = [
-                    *bwrap_argv(
-                        sandbox, workspace=workspace, run_dir=run_dir, tools_dir=tools_dir, hidden=hidden
-                    ),
+                    *bwrap_argv(sandbox, workspace=workspace, run_dir=run_dir, tools_dir=tools_dir, hidden=hidden),
                     *argv,
                 ]
             process = await anyio.open_process(
@@ -243,6 +243,12 @@ class Kernel:
         if self._process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, signal.SIGKILL)
+
+    async def kill_and_wait(self) -> None:
+        """Kill the kernel and wait until its exit has been seen."""
+        self.kill()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_KILL_WAIT):
+            await self.exited.wait()
 
     def stderr_tail(self) -> str:
         return b"".join(self._stderr).decode("utf-8", "replace")

@@ -196,9 +196,7 @@ async def open_session(
                         timeout=httpx2.Timeout(connect_timeout, read=300.0),
                     )
                 )
-                read, write = await stack.enter_async_context(
-                    streamable_http_client(resolved.url, http_client=client)
-                )
+                read, write = await stack.enter_async_context(streamable_http_client(resolved.url, http_client=client))
             session = await stack.enter_async_context(ClientSession(read, write))
             with anyio.fail_after(connect_timeout):
                 await session.initialize()

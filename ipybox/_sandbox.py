@@ -152,9 +152,12 @@ def bwrap_argv(
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
     argv += ["--ro-bind", "/etc", "/etc"]
+    empty = run_dir / "empty"
+    empty.touch()
     for name in _ETC_SECRETS:
         if os.path.isfile(f"/etc/{name}"):
-            argv += ["--ro-bind", "/dev/null", f"/etc/{name}"]
+            # An empty regular file: a device node like /dev/null would be unreadable (nodev).
+            argv += ["--ro-bind", str(empty), f"/etc/{name}"]
     for name in _ETC_SECRET_DIRS:
         if os.path.isdir(f"/etc/{name}"):
             argv += ["--tmpfs", f"/etc/{name}"]

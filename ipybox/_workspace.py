@@ -39,8 +39,7 @@ def _relative(workspace: Path, path: str | os.PathLike[str]) -> list[str]:
             p = p.relative_to(workspace)
         except ValueError:
             raise UsageError(
-                f"path {str(path)!r} is outside the workspace {str(workspace)!r}; "
-                "give a path relative to the workspace"
+                f"path {str(path)!r} is outside the workspace {str(workspace)!r}; give a path relative to the workspace"
             ) from None
     return _parts(p)
 
@@ -74,9 +73,7 @@ def write_file(workspace: Path, path: str | os.PathLike[str], data: bytes) -> Pa
     parts = _relative(workspace, path)
     with _open_parent(workspace, parts, create=True) as parent:
         tmp = f".{parts[-1]}.ipybox-tmp-{os.getpid()}"
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent
-        )
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -97,9 +94,7 @@ def read_file(workspace: Path, path: str | os.PathLike[str]) -> bytes:
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=parent)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise UsageError(
-                    f"{str(path)!r} in the workspace is a symlink; ipybox does not follow it"
-                ) from None
+                raise UsageError(f"{str(path)!r} in the workspace is a symlink; ipybox does not follow it") from None
             raise
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):

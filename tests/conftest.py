@@ -1,9 +1,33 @@
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+from pathlib import Path
+
 import pytest
 
+from ipybox import CodeExecutor
 
-@pytest.fixture
+
+@pytest.fixture(scope="session")
 def anyio_backend() -> str:
     # jupyter_client's zmq.asyncio sockets need asyncio; ipybox does not claim trio support.
     return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def module_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("workspace")
+
+
+@pytest.fixture(scope="module")
+async def executor(module_workspace: Path) -> AsyncGenerator[CodeExecutor]:
+    """One sandboxed executor shared by the tests of a module that do not break its kernel."""
+    async with CodeExecutor(workspace=module_workspace) as ex:
+        yield ex
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "workspace"
+    path.mkdir()
+    return path

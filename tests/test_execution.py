@@ -1,0 +1,83 @@
+"""The Execution handle: awaitable, iterable, replayable, idempotent by key, cancellable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+from ipybox import (
+    CodeExecutionChunk,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    ExecutionCancelled,
+    ExecutionLost,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_second_consumer_replays_the_event_log_from_any_index(executor: CodeExecutor) -> None:
+    execution = executor.execute("for i in range(3): print(i, flush=True)")
+    first = [event async for event in execution]
+    second = [event async for event in execution.events()]
+    tail = [event async for event in execution.events(len(first) - 1)]
+    assert first == second
+    assert tail == [first[-1]]
+    assert isinstance(first[-1], CodeExecutionResult)
+    assert all(isinstance(e, CodeExecutionChunk) for e in first[:-1])
+
+
+async def test_the_code_runs_whether_or_not_anyone_consumes_it(executor: CodeExecutor) -> None:
+    executor.execute("unconsumed = 'ran'")
+    assert (await executor.execute("unconsumed")).text == "'ran'\n"
+
+
+async def test_starting_twice_with_the_same_key_runs_the_code_once(executor: CodeExecutor) -> None:
+    await executor.execute("runs = 0")
+    first = executor.execute("runs += 1", key="tool-call-1")
+    second = executor.execute("runs += 1", key="tool-call-1")
+    assert first is second
+    await first
+    assert executor.attach("tool-call-1") is first
+    assert (await executor.execute("runs")).text == "1\n"
+
+
+async def test_attaching_to_an_unknown_key_raises_execution_lost(executor: CodeExecutor) -> None:
+    with pytest.raises(ExecutionLost, match="never started here"):
+        executor.attach("no-such-key")
+
+
+async def test_iteration_ends_by_raising_the_executions_error(executor: CodeExecutor) -> None:
+    events: list[object] = []
+    with pytest.raises(CodeExecutionError):
+        async for event in executor.execute("print('x', flush=True)\nraise ValueError('bad')"):
+            events.append(event)
+    assert events == [CodeExecutionChunk(text="x\n", stream="stdout")]
+
+
+async def test_cancel_stops_running_code_and_the_executor_keeps_its_state(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace) as ex:
+        await ex.execute("state = 'kept'")
+        execution = ex.execute("import time\nprint('go', flush=True)\ntime.sleep(60)")
+        async for _ in execution:
+            break
+        execution.cancel()
+        with anyio.fail_after(10), pytest.raises(ExecutionCancelled):
+            await execution
+        assert execution.done
+        assert (await ex.execute("state")).text == "'kept'\n"
+
+
+async def test_cancelling_a_queued_execution_never_runs_it(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace) as ex:
+        await ex.execute("ran = False")
+        blocker = ex.execute("import time\ntime.sleep(1)")
+        queued = ex.execute("ran = True")
+        queued.cancel()
+        await blocker
+        with pytest.raises(ExecutionCancelled):
+            await queued
+        assert (await ex.execute("ran")).text == "False\n"

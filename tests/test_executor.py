@@ -1,0 +1,328 @@
+"""CodeExecutor end to end: a real kernel in the real bwrap sandbox."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from ipybox import (
+    CodeExecutionChunk,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    ExecutionTimeout,
+    KernelDied,
+    Limits,
+    UsageError,
+)
+from ipybox._executor import INTERRUPT_GRACE
+
+pytestmark = pytest.mark.anyio
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+async def test_state_persists_between_executions(executor: CodeExecutor) -> None:
+    await executor.execute("counter = 41")
+    result = await executor.execute("counter += 1\ncounter")
+    assert result.text == "42\n"
+
+
+async def test_output_keeps_the_order_it_was_produced_in(executor: CodeExecutor) -> None:
+    code = (
+        "import sys\n"
+        "print('a'); sys.stdout.flush()\n"
+        "print('b', file=sys.stderr); sys.stderr.flush()\n"
+        "display('c')\n"
+        "print('d')\n"
+        "'e'"
+    )
+    result = await executor.execute(code)
+    assert result.text == "a\nb\n'c'\nd\n'e'\n"
+    assert [o.kind for o in result.outputs] == ["display_data", "execute_result"]
+
+
+async def test_streamed_chunks_add_up_to_the_result_text(executor: CodeExecutor) -> None:
+    chunks: list[CodeExecutionChunk] = []
+    final: CodeExecutionResult | None = None
+    async for event in executor.execute("import sys\nfor i in range(5): print(i)\nprint('x', file=sys.stderr)"):
+        if isinstance(event, CodeExecutionChunk):
+            chunks.append(event)
+        elif isinstance(event, CodeExecutionResult):
+            final = event
+    assert final is not None
+    assert "".join(c.text for c in chunks) == final.text == "0\n1\n2\n3\n4\nx\n"
+    assert {c.stream for c in chunks} == {"stdout", "stderr"}
+
+
+async def test_top_level_await_runs_in_the_kernels_event_loop(executor: CodeExecutor) -> None:
+    code = (
+        "import asyncio\n"
+        "async def twice(x):\n"
+        "    await asyncio.sleep(0)\n"
+        "    return 2 * x\n"
+        "await asyncio.gather(twice(1), twice(2))"
+    )
+    assert (await executor.execute(code)).text == "[2, 4]\n"
+
+
+async def test_no_output_is_lost_over_a_thousand_executions(executor: CodeExecutor) -> None:
+    lost = [i for i in range(1000) if (await executor.execute(f"print({i})")).text != f"{i}\n"]
+    assert lost == []
+
+
+async def test_a_matplotlib_plot_comes_back_as_png_bytes_and_a_workspace_file(
+    executor: CodeExecutor, module_workspace: Path
+) -> None:
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"
+    result = await executor.execute(code)
+    assert len(result.images) == 1
+    image = result.images[0]
+    assert image.mime == "image/png"
+    assert image.data.startswith(PNG_MAGIC)
+    assert image.path is not None and image.path.is_relative_to(module_workspace)
+    assert image.path.read_bytes() == image.data
+
+
+async def test_jpeg_and_svg_displays_come_back_as_images(executor: CodeExecutor) -> None:
+    code = (
+        "from IPython.display import display\n"
+        "import base64\n"
+        "display({'image/jpeg': base64.b64encode(b'\\xff\\xd8\\xff fake').decode()}, raw=True)\n"
+        "display({'image/svg+xml': '<svg xmlns=\"http://www.w3.org/2000/svg\"/>'}, raw=True)\n"
+    )
+    result = await executor.execute(code)
+    assert [(i.mime, i.data[:3]) for i in result.images] == [
+        ("image/jpeg", b"\xff\xd8\xff"),
+        ("image/svg+xml", b"<sv"),
+    ]
+
+
+async def test_rich_outputs_are_kept_as_mime_bundles(executor: CodeExecutor) -> None:
+    code = "from IPython.display import HTML\nHTML('<b>hi</b>')"
+    result = await executor.execute(code)
+    assert result.outputs[-1].data["text/html"] == "<b>hi</b>"
+
+
+async def test_an_exception_in_the_code_raises_code_execution_error_with_a_clean_traceback(
+    executor: CodeExecutor,
+) -> None:
+    with pytest.raises(CodeExecutionError) as info:
+        await executor.execute("print('before')\ndef f():\n    return 1 / 0\nf()")
+    error = info.value
+    assert error.ename == "ZeroDivisionError"
+    assert error.evalue == "division by zero"
+    assert "\x1b[" not in error.traceback
+    assert "return 1 / 0" in error.traceback
+    assert "ipybox_kernel" not in error.traceback
+    assert error.output == "before\n"
+    # The executor keeps working, with its state.
+    assert (await executor.execute("1 + 1")).text == "2\n"
+
+
+async def test_a_hundred_megabyte_print_is_capped_and_says_how_much_was_cut(workspace: Path) -> None:
+    cap = 10_000
+    async with CodeExecutor(workspace=workspace, limits=Limits(output_chars=cap)) as ex:
+        result = await ex.execute("print('x' * 10**8)\nprint('after')")
+        assert result.truncated_chars == 10**8 + len("\nafter\n") - cap
+        assert result.text.startswith("x" * cap)
+        assert f"output truncated, {result.truncated_chars} characters dropped" in result.text
+        assert len(result.text) < cap + 100
+        # The cap is per execution: the next one has its full budget again.
+        assert (await ex.execute("print('y' * 100)")).text == "y" * 100 + "\n"
+
+
+async def test_many_tiny_outputs_are_capped_too(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, limits=Limits(output_chars=1000)) as ex:
+        result = await ex.execute("for i in range(100_000): print(i)")
+        assert result.truncated_chars > 0
+        assert len(result.text) < 1100
+
+
+async def test_a_timeout_interrupts_an_endless_loop_and_the_kernel_keeps_its_state(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace) as ex:
+        await ex.execute("kept = 'yes'")
+        start = anyio.current_time()
+        with pytest.raises(ExecutionTimeout) as info:
+            await ex.execute("while True: pass", timeout=1)
+        assert anyio.current_time() - start < 1 + INTERRUPT_GRACE + 1
+        assert info.value.restarted is False
+        assert (await ex.execute("kept")).text == "'yes'\n"
+
+
+async def test_code_that_ignores_the_interrupt_gets_the_kernel_restarted(workspace: Path) -> None:
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
+    async with CodeExecutor(workspace=workspace) as ex:
+        await ex.execute("lost = 1")
+        start = anyio.current_time()
+        with pytest.raises(ExecutionTimeout) as info:
+            await ex.execute(code, timeout=0.5)
+        assert anyio.current_time() - start < 0.5 + INTERRUPT_GRACE + 1
+        assert info.value.restarted is True
+        result = await ex.execute("'lost' in globals()")
+        assert result.text == "False\n"
+
+
+async def test_os_exit_raises_kernel_died_and_the_next_execution_gets_a_fresh_kernel(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace) as ex:
+        await ex.execute("x = 1")
+        with pytest.raises(KernelDied) as info:
+            await ex.execute("import os\nprint('bye', flush=True)\nos._exit(3)")
+        assert info.value.exit_code == 3
+        assert (await ex.execute("'x' in globals()")).text == "False\n"
+
+
+async def test_a_segfault_raises_kernel_died(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace) as ex:
+        with pytest.raises(KernelDied):
+            await ex.execute("import ctypes\nctypes.string_at(0)")
+        assert (await ex.execute("1")).text == "1\n"
+
+
+async def test_the_memory_limit_turns_a_memory_bomb_into_memory_error(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, limits=Limits(memory=1024**3)) as ex:
+        with pytest.raises(CodeExecutionError) as info:
+            await ex.execute("block = bytearray(2 * 1024**3)")
+        assert info.value.ename == "MemoryError"
+        assert (await ex.execute("len(bytearray(10 * 1024**2))")).text == f"{10 * 1024**2}\n"
+
+
+async def test_the_open_files_limit_applies_in_the_kernel(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, limits=Limits(open_files=64)) as ex:
+        result = await ex.execute("import resource\nresource.getrlimit(resource.RLIMIT_NOFILE)")
+        assert result.text == "(64, 64)\n"
+
+
+async def test_the_cpu_limit_ends_a_kernel_that_spins_past_it(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, limits=Limits(cpu_seconds=2)) as ex:
+        with pytest.raises(KernelDied):
+            await ex.execute("while True: pass")
+        assert (await ex.execute("2")).text == "2\n"
+
+
+async def test_interrupt_stops_running_code(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace) as ex:
+        execution = ex.execute("import time\nprint('started', flush=True)\ntime.sleep(60)")
+        async for event in execution:
+            assert isinstance(event, CodeExecutionChunk)
+            assert event.text == "started\n"
+            break
+        ex.interrupt()
+        with pytest.raises(CodeExecutionError) as info:
+            await execution
+        assert info.value.ename == "KeyboardInterrupt"
+
+
+async def test_reset_gives_a_fresh_kernel_and_keeps_workspace_files(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace) as ex:
+        await ex.execute("x = 1\nopen('kept.txt', 'w').write('data')")
+        await ex.reset()
+        assert (await ex.execute("'x' in globals()")).text == "False\n"
+        assert (await ex.execute("open('kept.txt').read()")).text == "'data'\n"
+
+
+async def test_host_environment_variables_do_not_leak_into_the_kernel(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IPYBOX_TEST_API_KEY", "sk-secret")
+    async with CodeExecutor(workspace=workspace, env={"GREETING": "hello"}) as ex:
+        result = await ex.execute("import os\nos.environ.get('IPYBOX_TEST_API_KEY'), os.environ['GREETING']")
+        assert result.text == "(None, 'hello')\n"
+
+
+async def test_an_unsandboxed_kernel_runs_when_asked_for_explicitly(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, sandbox=None) as ex:
+        result = await ex.execute("import os\nos.getcwd()")
+        assert result.text == f"{str(workspace)!r}\n"
+
+
+async def test_upload_and_download_copy_files_in_and_out_of_the_workspace(workspace: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.bin"
+    src.write_bytes(b"\x00\x01payload")
+    async with CodeExecutor(workspace=workspace) as ex:
+        await ex.upload(src, "data/in.bin")
+        await ex.execute("open('data/out.bin', 'wb').write(open('data/in.bin', 'rb').read()[::-1])")
+        await ex.download("data/out.bin", tmp_path / "out.bin")
+    assert (tmp_path / "out.bin").read_bytes() == b"\x00\x01payload"[::-1]
+
+
+async def test_download_refuses_a_symlink_the_kernel_planted(workspace: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("host only")
+    async with CodeExecutor(workspace=workspace) as ex:
+        await ex.execute(f"import os\nos.symlink({str(secret)!r}, 'link.txt')")
+        with pytest.raises(UsageError, match="symlink"):
+            await ex.download("link.txt", tmp_path / "copy.txt")
+        with pytest.raises(UsageError, match="outside the workspace"):
+            await ex.download(secret, tmp_path / "copy.txt")
+    assert not (tmp_path / "copy.txt").exists()
+
+
+async def test_upload_does_not_follow_a_symlinked_directory_out_of_the_workspace(
+    workspace: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    src = tmp_path / "f.txt"
+    src.write_text("x")
+    async with CodeExecutor(workspace=workspace) as ex:
+        await ex.execute(f"import os\nos.symlink({str(outside)!r}, 'escape')")
+        with pytest.raises(UsageError, match="symlink"):
+            await ex.upload(src, "escape/f.txt")
+    assert list(outside.iterdir()) == []
+
+
+async def test_non_string_code_is_a_usage_error_and_the_executor_keeps_working(
+    executor: CodeExecutor,
+) -> None:
+    with pytest.raises(UsageError, match="code must be a str"):
+        executor.execute(b"print(1)")  # type: ignore[arg-type]
+    assert (await executor.execute("3")).text == "3\n"
+
+
+async def test_a_workspace_that_does_not_exist_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not an existing directory"):
+        CodeExecutor(workspace=tmp_path / "missing")
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), "5"])
+async def test_a_bad_timeout_is_a_usage_error(executor: CodeExecutor, timeout: object) -> None:
+    with pytest.raises(UsageError, match="timeout must be a positive number"):
+        executor.execute("1", timeout=timeout)  # type: ignore[arg-type]
+
+
+async def test_reusing_a_key_for_different_code_is_a_usage_error(executor: CodeExecutor) -> None:
+    await executor.execute("1", key="k-conflict")
+    with pytest.raises(UsageError, match="already used for different code"):
+        executor.execute("2", key="k-conflict")
+
+
+async def test_executing_outside_the_context_manager_is_a_usage_error(workspace: Path) -> None:
+    ex = CodeExecutor(workspace=workspace)
+    with pytest.raises(UsageError, match="async with"):
+        ex.execute("1")
+
+
+def test_a_missing_bwrap_refuses_to_start_and_names_the_install_and_the_opt_out(workspace: Path) -> None:
+    import subprocess
+
+    code = (
+        "from ipybox import CodeExecutor, SandboxUnavailable\n"
+        "try:\n"
+        f"    CodeExecutor(workspace={str(workspace)!r})\n"
+        "except SandboxUnavailable as e:\n"
+        "    print(e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PATH": "/nonexistent"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "apt-get install bubblewrap" in done.stdout
+    assert "sandbox=None" in done.stdout

@@ -1,0 +1,164 @@
+"""What code in the sandboxed kernel can and cannot do (real kernel, real bwrap)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import tempfile
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+from ipybox import CodeExecutor, SandboxConfig, UsageError
+
+pytestmark = pytest.mark.anyio
+
+
+async def run(executor: CodeExecutor, code: str) -> str:
+    return (await executor.execute(code)).text
+
+
+def attempt(action: str) -> str:
+    """Kernel code that prints 'ok' if ``action`` succeeded and the exception name if not."""
+    return f"try:\n    {action}\n    print('ok')\nexcept BaseException as e:\n    print(type(e).__name__)"
+
+
+async def test_the_workspace_is_writable(executor: CodeExecutor, module_workspace: Path) -> None:
+    assert await run(executor, attempt("open('note.txt', 'w').write('hi')")) == "ok\n"
+    assert (module_workspace / "note.txt").read_text() == "hi"
+
+
+@pytest.mark.parametrize("target", ["/etc/ipybox-probe", "/usr/ipybox-probe", f"{sys.prefix}/ipybox-probe"])
+async def test_code_cannot_write_to_the_system_or_the_venv(executor: CodeExecutor, target: str) -> None:
+    assert await run(executor, attempt(f"open({target!r}, 'w')")) in ("OSError\n", "PermissionError\n")
+    assert not Path(target).exists()
+
+
+async def test_tmp_in_the_sandbox_is_private(executor: CodeExecutor) -> None:
+    name = f"/tmp/ipybox-probe-{id(executor)}"
+    assert await run(executor, attempt(f"open({name!r}, 'w').write('x')")) == "ok\n"
+    assert not Path(name).exists()
+
+
+async def test_dev_shm_in_the_sandbox_is_private(executor: CodeExecutor) -> None:
+    name = f"/dev/shm/ipybox-probe-{id(executor)}"
+    await run(executor, attempt(f"open({name!r}, 'w').write('x')"))
+    assert not Path(name).exists()
+
+
+@pytest.fixture
+def home_secret() -> Generator[Path]:
+    with tempfile.TemporaryDirectory(dir=Path.home(), prefix=".ipybox-test-") as d:
+        secret = Path(d) / "api_key.txt"
+        secret.write_text("sk-planted")
+        yield secret
+
+
+async def test_code_cannot_read_a_file_planted_in_the_host_home(executor: CodeExecutor, home_secret: Path) -> None:
+    assert await run(executor, attempt(f"open({str(home_secret)!r}).read()")) == "FileNotFoundError\n"
+    # Only the path to the interpreter (pyenv lives in root's home here) may show in the home dir.
+    listing = await run(
+        executor, f"import os\nos.path.exists({str(Path.home())!r}) and os.listdir({str(Path.home())!r})"
+    )
+    assert home_secret.parent.name not in listing
+
+
+async def test_etc_shadow_is_masked(executor: CodeExecutor) -> None:
+    assert await run(executor, "open('/etc/shadow').read()") == "''\n"
+
+
+async def test_there_is_no_network_interface_but_loopback(executor: CodeExecutor) -> None:
+    assert await run(executor, "import socket\n[name for _, name in socket.if_nameindex()]") == "['lo']\n"
+
+
+async def test_dns_does_not_resolve(executor: CodeExecutor) -> None:
+    assert await run(executor, attempt("__import__('socket').getaddrinfo('pypi.org', 443)")) == "gaierror\n"
+
+
+async def test_code_cannot_reach_a_tcp_server_on_the_host_loopback(executor: CodeExecutor) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        code = attempt(f"__import__('socket').create_connection(('127.0.0.1', {port}), timeout=5)")
+        assert await run(executor, code) == "ConnectionRefusedError\n"
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.accept()
+
+
+async def test_udp_to_the_host_loopback_never_arrives(executor: CodeExecutor) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as host:
+        host.bind(("127.0.0.1", 0))
+        port = host.getsockname()[1]
+        code = (
+            "import socket\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+            f"s.sendto(b'from-sandbox', ('127.0.0.1', {port}))"
+        )
+        await run(executor, code)
+        # Loopback delivery is synchronous: had the sandbox's datagram arrived, it would be queued
+        # ahead of this marker.
+        host.sendto(b"marker", ("127.0.0.1", port))
+        host.settimeout(5)
+        assert host.recv(64) == b"marker"
+
+
+async def test_code_cannot_reach_the_internet(executor: CodeExecutor) -> None:
+    code = attempt("__import__('socket').create_connection(('1.1.1.1', 443), timeout=5)")
+    assert await run(executor, code) == "OSError\n"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "mount -t tmpfs none /mnt",
+        "mount -o remount,rw /usr",
+        f"mount -o remount,bind,rw {sys.prefix}",
+        "unshare -U -r true",
+        "unshare -m true",
+    ],
+)
+async def test_code_cannot_mount_remount_or_create_namespaces(executor: CodeExecutor, command: str) -> None:
+    code = f"import subprocess\nsubprocess.run({command.split()!r}, capture_output=True).returncode != 0"
+    assert await run(executor, code) == "True\n"
+
+
+async def test_the_kernel_has_no_capabilities_and_no_new_privileges(executor: CodeExecutor) -> None:
+    code = (
+        "status = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
+        "status['CapEff'].strip(), status['NoNewPrivs'].strip()"
+    )
+    assert await run(executor, code) == "('0000000000000000', '1')\n"
+
+
+async def test_host_processes_are_invisible(executor: CodeExecutor) -> None:
+    code = "import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit())[:2]"
+    pids = eval((await executor.execute(code)).text)
+    assert pids[0] <= 3
+
+
+async def test_extra_read_only_and_read_write_paths_are_mounted(workspace: Path, tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    rw = tmp_path / "rw"
+    ro.mkdir()
+    rw.mkdir()
+    (ro / "data.txt").write_text("readable")
+    config = SandboxConfig(ro_paths=[ro], rw_paths=[rw])
+    async with CodeExecutor(workspace=workspace, sandbox=config) as ex:
+        assert await run(ex, f"open({str(ro / 'data.txt')!r}).read()") == "'readable'\n"
+        assert await run(ex, attempt(f"open({str(ro / 'new.txt')!r}, 'w')")) in ("OSError\n",)
+        assert await run(ex, attempt(f"open({str(rw / 'new.txt')!r}, 'w').write('w')")) == "ok\n"
+    assert (rw / "new.txt").read_text() == "w"
+    assert not (ro / "new.txt").exists()
+
+
+def test_sandbox_paths_must_be_absolute_and_exist(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="must be absolute"):
+        SandboxConfig(ro_paths=["relative/dir"])
+    with pytest.raises(UsageError, match="does not exist"):
+        SandboxConfig(rw_paths=[tmp_path / "missing"])
+
+
+async def test_a_bad_sandbox_argument_is_a_usage_error(workspace: Path) -> None:
+    with pytest.raises(UsageError, match="sandbox must be"):
+        CodeExecutor(workspace=workspace, sandbox="docker")  # type: ignore[arg-type]
