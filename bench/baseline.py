@@ -24,9 +24,7 @@ BASELINE_TIMEOUT = 120.0
 
 async def direct_call(*, calls: int = 200, warmup: int = 20) -> dict[str, Any]:
     """Median time of one `add` call on the bench server over stdio, straight from the host."""
-    server = StdioServerParameters(
-        command=sys.executable, args=[str(Path(__file__).with_name("bench_mcp_server.py"))]
-    )
+    server = StdioServerParameters(command=sys.executable, args=[str(Path(__file__).with_name("bench_mcp_server.py"))])
     times: list[float] = []
     with anyio.fail_after(BASELINE_TIMEOUT):
         async with stdio_client(server) as (read, write), ClientSession(read, write) as session:

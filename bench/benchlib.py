@@ -68,9 +68,7 @@ class Config:
     @classmethod
     def quick(cls, **overrides: Any) -> Config:
         """A reduced configuration that finishes in about two minutes for both sides."""
-        base = cls(
-            starts=3, warmup=10, executes=200, lost_runs=300, tool_calls=100, seq_reps=3, generate_reps=1
-        )
+        base = cls(starts=3, warmup=10, executes=200, lost_runs=300, tool_calls=100, seq_reps=3, generate_reps=1)
         return cls(**(asdict(base) | overrides))
 
 
@@ -117,6 +115,8 @@ def summarize(samples: list[float], *, unit: str = "ms", scale: float = 1000.0, 
         "p95": round(p95, 4),
         "max": round(xs[-1], 4),
         **extra,
+        # In measurement order, for looking at distributions (kernel start is bimodal, for one).
+        "samples": [round(x * scale, 4) for x in samples],
     }
 
 
@@ -192,9 +192,7 @@ def rss_mb(pid: int) -> float | None:
 
 def _cmdline(pid: int) -> list[str]:
     try:
-        return [
-            a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a
-        ]
+        return [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
     except OSError:
         return []
 
@@ -206,9 +204,7 @@ def process_table() -> list[dict[str, Any]]:
         rss = rss_mb(pid)
         if rss is None:
             continue
-        rows.append(
-            {"pid": pid, "depth": depth, "rss_mb": round(rss, 1), "cmd": " ".join(_cmdline(pid))[:200]}
-        )
+        rows.append({"pid": pid, "depth": depth, "rss_mb": round(rss, 1), "cmd": " ".join(_cmdline(pid))[:200]})
     return rows
 
 
@@ -382,9 +378,7 @@ async def _generation(r: _Run) -> bool:
     """generate_mcp_sources per server; returns whether the bench server's tools are ready."""
     ready = False
     if r.cfg.everything_bin is None:
-        r.metrics[f"generate_{EVERYTHING_SERVER}"] = {
-            "na": "node_modules/.bin/mcp-server-everything not installed"
-        }
+        r.metrics[f"generate_{EVERYTHING_SERVER}"] = {"na": "node_modules/.bin/mcp-server-everything not installed"}
     for server, params in _server_params(r).items():
         name = f"generate_{server}"
         with r.guard(name, name):
@@ -420,9 +414,7 @@ async def _executes(r: _Run, ex: object) -> None:
             texts.add(text)
             wrong += _stripped(text) != "2"
         # The exact texts seen are recorded: the two sides format "2" differently.
-        r.metrics["execute_1plus1"] = summarize(
-            times, wrong_results=wrong, texts_seen=sorted(map(repr, texts))
-        )
+        r.metrics["execute_1plus1"] = summarize(times, wrong_results=wrong, texts_seen=sorted(map(repr, texts)))
         _log(f"execute('1+1'): median {r.metrics['execute_1plus1']['median']:.2f} ms, {wrong} wrong")
 
     with r.guard("lost_outputs", "lost_outputs"):

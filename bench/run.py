@@ -87,9 +87,7 @@ def _peer_env() -> dict[str, str]:
     """Our environment minus our venv, so nothing of ours leaks into the peer's processes."""
     env = dict(os.environ)
     ours = env.pop("VIRTUAL_ENV", None)
-    path = [
-        p for p in env.get("PATH", "").split(os.pathsep) if p and (ours is None or not p.startswith(ours))
-    ]
+    path = [p for p in env.get("PATH", "").split(os.pathsep) if p and (ours is None or not p.startswith(ours))]
     env["PATH"] = os.pathsep.join([str(PEER_VENV / "bin"), *path])
     env.pop("PYTHONPATH", None)
     return env

@@ -35,9 +35,7 @@ class _PeerExecutorFactory(Protocol):
 
 
 class _PeerGenerate(Protocol):
-    async def __call__(
-        self, server_name: str, server_params: dict[str, Any], root_dir: Path
-    ) -> list[str]: ...
+    async def __call__(self, server_name: str, server_params: dict[str, Any], root_dir: Path) -> list[str]: ...
 
 
 class PeerSide:
