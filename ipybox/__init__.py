@@ -1,5 +1,11 @@
 """ipybox: sandboxed, stateful Python code execution for AI agents, with approved MCP tool calls."""
 
+from ._approval import Approval as Approval
+from ._approval import ApprovalCallback as ApprovalCallback
+from ._approval import ApprovalDecision as ApprovalDecision
+from ._approval import ApprovalRequest as ApprovalRequest
+from ._approval import ApprovalRules as ApprovalRules
+from ._codegen import generate_mcp_sources as generate_mcp_sources
 from ._exceptions import CodeExecutionError as CodeExecutionError
 from ._exceptions import ExecutionCancelled as ExecutionCancelled
 from ._exceptions import ExecutionError as ExecutionError
@@ -16,13 +22,22 @@ from ._exceptions import UsageError as UsageError
 from ._execution import Execution as Execution
 from ._executor import CodeExecutor as CodeExecutor
 from ._kernel import Limits as Limits
+from ._mcp import HttpServer as HttpServer
+from ._mcp import StdioServer as StdioServer
+from ._packages import PackageInstallError as PackageInstallError
 from ._results import CodeExecutionChunk as CodeExecutionChunk
 from ._results import CodeExecutionResult as CodeExecutionResult
 from ._results import Image as Image
 from ._results import Output as Output
 from ._sandbox import SandboxConfig as SandboxConfig
+from ._stubs import render_tool_stubs as render_tool_stubs
 
 __all__ = (
+    "Approval",
+    "ApprovalCallback",
+    "ApprovalDecision",
+    "ApprovalRequest",
+    "ApprovalRules",
     "CodeExecutionChunk",
     "CodeExecutionError",
     "CodeExecutionResult",
@@ -33,6 +48,7 @@ __all__ = (
     "ExecutionLost",
     "ExecutionTimeout",
     "GenerationError",
+    "HttpServer",
     "Image",
     "IpyboxError",
     "KernelDied",
@@ -41,7 +57,11 @@ __all__ = (
     "Limits",
     "MCPServerError",
     "Output",
+    "PackageInstallError",
     "SandboxConfig",
     "SandboxUnavailable",
+    "StdioServer",
     "UsageError",
+    "generate_mcp_sources",
+    "render_tool_stubs",
 )

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import AsyncIterator, Generator
 from typing import Any
 
 import anyio
 
-from ._approval import ApprovalRequest
-from ._exceptions import ExecutionCancelled, IpyboxError
+from ._approval import ApprovalDecision, ApprovalRequest
+from ._exceptions import ExecutionCancelled, ExecutionLost, IpyboxError
 from ._results import CodeExecutionChunk, CodeExecutionResult
 
 __all__ = ("Execution", "ExecutionEvent")
@@ -44,6 +45,8 @@ class Execution:
         self._approvals: dict[str, ApprovalRequest] = {}
         self._pending = 0
         self._pending_changed = anyio.Event()
+        self._iterating = 0
+        self._awaiting = 0
 
     def __repr__(self) -> str:
         state = "done" if self.done else "running"
@@ -67,16 +70,20 @@ class Execution:
             KernelDied: The kernel died while running it.
         """
         index = start
-        while True:
-            changed = self._changed
-            while index < len(self._log):
-                yield self._log[index]
-                index += 1
-            if self._done.is_set() and index >= len(self._log):
-                if self._error is not None:
-                    raise self._error
-                return
-            await changed.wait()
+        self._iterating += 1
+        try:
+            while True:
+                changed = self._changed
+                while index < len(self._log):
+                    yield self._log[index]
+                    index += 1
+                if self._done.is_set() and index >= len(self._log):
+                    if self._error is not None:
+                        raise self._error
+                    return
+                await changed.wait()
+        finally:
+            self._iterating -= 1
 
     def __aiter__(self) -> AsyncIterator[ExecutionEvent]:
         return self.events(0)
@@ -93,7 +100,12 @@ class Execution:
             ExecutionCancelled: The execution was cancelled.
             KernelDied: The kernel died while running it.
         """
-        await self._done.wait()
+        self._awaiting += 1
+        try:
+            self._reject_unanswerable()
+            await self._done.wait()
+        finally:
+            self._awaiting -= 1
         if self._error is not None:
             raise self._error
         assert self._result is not None
@@ -114,11 +126,72 @@ class Execution:
         """The approval request with this id (stable: ``f"{execution.id}:{n}"``).
 
         Raises:
-            KeyError: No such request in this execution.
+            ExecutionLost: No such request in this execution.
         """
-        return self._approvals[request_id]
+        try:
+            return self._approvals[request_id]
+        except KeyError:
+            raise ExecutionLost(f"execution {self.id} has no approval request {request_id!r}") from None
+
+    def answer(self, request_id: str, approved: bool, reason: str | None = None) -> bool:
+        """Decide an approval request by id. Idempotent: returns False if it was already decided.
+
+        Raises:
+            ExecutionLost: No such request in this execution.
+        """
+        return self.approval(request_id).decide(ApprovalDecision(approved=approved, reason=reason))
 
     # -- used by the executor -------------------------------------------------------------
+
+    def _new_request(self, **fields: Any) -> ApprovalRequest:
+        request = ApprovalRequest(id=f"{self.id}:{len(self._approvals) + 1}", **fields)
+        self._approvals[request.id] = request
+        return request
+
+    async def _ask(self, request: ApprovalRequest, limit: float | None) -> ApprovalDecision:
+        """Surface ``request`` as an event and wait for the application's decision.
+
+        The execution's timeout clock stands still meanwhile.
+        """
+        self._emit(request)
+        self._pending += 1
+        self._pending_changed.set()
+        self._pending_changed = anyio.Event()
+        try:
+            self._reject_unanswerable()
+            with anyio.move_on_after(math.inf if limit is None else limit):
+                return await request.wait()
+            request.decide(
+                ApprovalDecision(approved=False, reason=f"no approval decision within {limit:g} s", by="timeout")
+            )
+            return await request.wait()
+        finally:
+            self._pending -= 1
+            self._pending_changed.set()
+            self._pending_changed = anyio.Event()
+
+    def _reject_unanswerable(self) -> None:
+        """Reject pending requests when the execution is awaited and nobody iterates it: no one
+        would ever see them."""
+        if self._iterating or not self._awaiting:
+            return
+        for request in self._approvals.values():
+            request.decide(
+                ApprovalDecision(
+                    approved=False,
+                    by="policy",
+                    reason=(
+                        "approval is 'ask' but this execution is awaited, not iterated, so nobody can answer "
+                        "its ApprovalRequest; iterate it ('async for event in executor.execute(code)') and "
+                        "accept or reject each request, or give CodeExecutor an approval policy "
+                        "(approval='auto', ApprovalRules(...) or a callback)"
+                    ),
+                )
+            )
+
+    def _close_approvals(self) -> None:
+        for request in self._approvals.values():
+            request.decide(ApprovalDecision(approved=False, reason="the execution ended", by="policy"))
 
     def _emit(self, event: ExecutionEvent) -> None:
         self._log.append(event)
@@ -128,6 +201,7 @@ class Execution:
     def _succeed(self, result: CodeExecutionResult) -> None:
         if self.done:
             return
+        self._close_approvals()
         self._result = result
         self._emit(result)
         self._done.set()
@@ -135,6 +209,7 @@ class Execution:
     def _fail(self, error: IpyboxError) -> None:
         if self.done:
             return
+        self._close_approvals()
         self._error = error
         self._done.set()
         self._changed.set()

@@ -6,10 +6,14 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import os
+import secrets
+import shutil
 import sys
+import tempfile
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -19,6 +23,7 @@ from typing import Any, Literal, Self, cast
 import anyio
 import anyio.abc
 
+from ._approval import Approval, check_approval, decide_by_policy
 from ._exceptions import (
     CodeExecutionError,
     ExecutionCancelled,
@@ -31,8 +36,12 @@ from ._exceptions import (
 )
 from ._execution import Execution
 from ._kernel import Display, Error, Kernel, KernelEvent, Limits, Reply, Stream, default_python, strip_ansi
+from ._manifest import load_manifest
+from ._mcp import HttpServer, StdioServer
+from ._packages import install_package
 from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
 from ._sandbox import SandboxConfig, resolve_sandbox
+from ._toolserver import ToolCall, ToolCallDenied, ToolServer
 from ._workspace import read_file, write_file
 
 __all__ = ("CodeExecutor",)
@@ -43,6 +52,8 @@ INTERRUPT_GRACE = 2.0
 START_TIMEOUT = 30.0
 # Variables the kernel needs from the host's environment; nothing else is passed on.
 _PASSED_ENV = ("LANG", "LC_ALL", "TZ")
+# The tool server's name for ipybox's own tools (package installs from kernel code).
+BUILTIN_SERVER = "ipybox"
 # Marker the kernel uses to report output it dropped at the source (see ipybox_kernel._launch).
 _TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
 
@@ -69,6 +80,14 @@ class CodeExecutor:
         env: Environment variables for the kernel.
         limits: Resource limits of the kernel and of one execution's output.
         timeout: Default execution timeout in seconds (None: no timeout).
+        tools_dir: Where `generate_mcp_sources` wrote the typed tool packages (default
+            ``mcptools``). Mounted read-only into the sandbox and importable by the kernel
+            (``from mcptools.<server> import <tool>``); the servers it lists are registered.
+        approval: How tool calls from the kernel are approved: ``"ask"`` (each one becomes an
+            `ApprovalRequest` event of the execution, answered by the application), ``"auto"``,
+            `ApprovalRules`, or a callback that receives the `ApprovalRequest`.
+        approval_timeout: Seconds to wait for an ``"ask"`` decision before rejecting the call.
+        tool_timeout: Seconds one MCP tool call may take (approval time not counted).
     """
 
     def __init__(
@@ -79,6 +98,10 @@ class CodeExecutor:
         env: Mapping[str, str] | None = None,
         limits: Limits | None = None,
         timeout: float | None = None,
+        tools_dir: Path | str | None = "mcptools",
+        approval: Approval = "ask",
+        approval_timeout: float | None = None,
+        tool_timeout: float | None = 300.0,
     ) -> None:
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
@@ -88,6 +111,17 @@ class CodeExecutor:
                 if not isinstance(name, str) or not isinstance(value, str):  # pyright: ignore[reportUnnecessaryIsInstance]
                     raise UsageError(f"env must map str to str; {name!r}: {value!r} is not")
         _check_timeout(timeout)
+        _check_timeout(approval_timeout)
+        _check_timeout(tool_timeout)
+        check_approval(approval)
+        self.tools_dir = Path(tools_dir).resolve() if tools_dir is not None else None
+        if self.tools_dir is not None and self.tools_dir.exists() and not self.tools_dir.is_dir():
+            raise UsageError(f"tools_dir {str(tools_dir)!r} is not a directory")
+        if self.tools_dir is not None and self.tools_dir.parent == self.workspace.parent == self.workspace:
+            raise UsageError("tools_dir cannot be the filesystem root")
+        self.approval: Approval = approval
+        self.approval_timeout = approval_timeout
+        self.tool_timeout = tool_timeout
         self.sandbox = resolve_sandbox(sandbox)
         self.limits = limits or Limits()
         self.timeout = timeout
@@ -100,6 +134,10 @@ class CodeExecutor:
         self._restart = anyio.Event()
         self._start_error: KernelStartError | None = None
         self._by_key: dict[str, Execution] = {}
+        self._current: Execution | None = None
+        self._home: Path | None = None
+        self._tools: ToolServer | None = None
+        self._token = secrets.token_urlsafe(32)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -107,8 +145,23 @@ class CodeExecutor:
         if self._stack is not None:
             raise UsageError("this CodeExecutor is already running; create a new one")
         async with AsyncExitStack() as stack:
+            # Private to this executor: the tool socket and the packages installed for the kernel.
+            self._home = Path(tempfile.mkdtemp(prefix="ipybox-"))
+            stack.callback(shutil.rmtree, self._home, ignore_errors=True)
+            (self._home / "packages").mkdir()
+            self._tools = ToolServer(
+                socket_path=self._home / "tools.sock",
+                token=self._token,
+                gate=self._gate,
+                call_timeout=self.tool_timeout,
+            )
+            self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
+            if self.tools_dir is not None and self.tools_dir.is_dir():
+                for name, params in load_manifest(self.tools_dir).items():
+                    self._tools.register(name, params)
             self._tg = await stack.enter_async_context(anyio.create_task_group())
             stack.callback(self._tg.cancel_scope.cancel)
+            await self._tg.start(self._tools.run)
             await self._tg.start(self._run_kernels)
             self._stack = stack.pop_all()
         return self
@@ -135,6 +188,13 @@ class CodeExecutor:
                 "NO_COLOR": "1",
             }
         )
+        assert self._home is not None
+        paths = [str(self._home / "packages")]
+        if self.tools_dir is not None:
+            paths.insert(0, str(self.tools_dir.parent))
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env["IPYBOX_TOOL_SOCKET"] = str(self._home / "tools.sock")
+        env["IPYBOX_TOOL_TOKEN"] = self._token
         if self.sandbox is not None:
             # ipykernel's parent poller would see the PID namespace's init as its parent and exit;
             # the sandbox's --die-with-parent does that job instead.
@@ -143,6 +203,24 @@ class CodeExecutor:
             env["IPYTHONDIR"] = "/tmp/.ipython"
         env.update(self._env)
         return env
+
+    def _kernel_sandbox(self) -> SandboxConfig | None:
+        if self.sandbox is None:
+            return None
+        assert self._home is not None
+        # The socket and the packages are host-owned: the kernel may use them, not change them.
+        extra = [self._home / "tools.sock", self._home / "packages"]
+        return dataclasses.replace(self.sandbox, ro_paths=[*self.sandbox.ro_paths, *extra])
+
+    def _mounted_tools_dir(self) -> Path | None:
+        return self.tools_dir if self.tools_dir is not None and self.tools_dir.is_dir() else None
+
+    def _hidden_paths(self) -> list[Path]:
+        tools = self._mounted_tools_dir()
+        # The manifest holds server parameters (commands, URLs, maybe secrets): host only.
+        if tools is not None and (tools / ".ipybox").is_dir():
+            return [tools / ".ipybox"]
+        return []
 
     async def _run_kernels(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         """Keep one kernel running: start it, and start a fresh one after it dies or on reset."""
@@ -154,9 +232,9 @@ class CodeExecutor:
                     python=default_python(),
                     env=self._kernel_env(),
                     workspace=self.workspace,
-                    sandbox=self.sandbox,
-                    tools_dir=None,
-                    hidden=(),
+                    sandbox=self._kernel_sandbox(),
+                    tools_dir=self._mounted_tools_dir(),
+                    hidden=self._hidden_paths(),
                     limits=self.limits,
                     start_timeout=START_TIMEOUT,
                 ) as kernel:
@@ -206,6 +284,8 @@ class CodeExecutor:
         """Replace the kernel with a fresh one. Variables are lost; workspace files are kept."""
         self._require_running()
         async with self._lock:
+            if self._tools is not None:
+                await self._tools.reset()
             old = self._kernel
             self._restart.set()
             while self._kernel is old or self._kernel is None:
@@ -291,6 +371,13 @@ class CodeExecutor:
             execution._fail(ExecutionCancelled("the execution was cancelled"))
 
     async def _run(self, kernel: Kernel, execution: Execution) -> None:
+        self._current = execution
+        try:
+            await self._run_current(kernel, execution)
+        finally:
+            self._current = None
+
+    async def _run_current(self, kernel: Kernel, execution: Execution) -> None:
         collector = _Collector(self.workspace, execution, self.limits.output_chars)
         finished = anyio.Event()
         error: IpyboxError | None = None
@@ -341,6 +428,61 @@ class CodeExecutor:
             execution._fail(CodeExecutionError(e.ename, e.evalue, _clean_traceback(e.traceback), output=text))
         else:
             execution._succeed(collector.result(duration))
+
+    # -- tools --------------------------------------------------------------------------
+
+    def register_mcp_server(self, name: str, params: StdioServer | HttpServer | Mapping[str, object]) -> None:
+        """Make an MCP server callable from the kernel under ``name`` (host-side configuration).
+
+        Use `generate_mcp_sources` to give kernel code a typed API for its tools.
+        """
+        if self._tools is None:
+            raise UsageError("register_mcp_server needs a running CodeExecutor ('async with CodeExecutor() as ex')")
+        if name == BUILTIN_SERVER:
+            raise UsageError(f"the server name {BUILTIN_SERVER!r} is reserved for ipybox's own tools")
+        self._tools.register(name, params)
+
+    async def install(self, package: str) -> str:
+        """Install a package from the package index for the kernel (on the host; the kernel has
+        no network). It is importable in the kernel right away and survives `reset`.
+
+        Returns:
+            The installer's output.
+
+        Raises:
+            UsageError: ``package`` is not a plain requirement (URLs and options are refused).
+            PackageInstallError: The installer failed.
+        """
+        self._require_running()
+        assert self._home is not None
+        return await install_package(package, self._home / "packages")
+
+    async def _install_from_kernel(self, arguments: Mapping[str, object]) -> str:
+        package = arguments.get("package")
+        if not isinstance(package, str):
+            raise UsageError("install_package needs a 'package' string")
+        return await self.install(package)
+
+    async def _gate(self, call: ToolCall) -> None:
+        execution = self._current
+        if execution is None:
+            raise ToolCallDenied(
+                "tool calls are only allowed while a code action runs, not from code left running after it"
+            )
+        request = execution._new_request(
+            server_name=call.server_name,
+            tool_name=call.tool_name,
+            tool_args=call.arguments,
+            server=call.server,
+            annotations=call.annotations,
+        )
+        decision = await decide_by_policy(self.approval, request)
+        if decision is None:
+            decision = await execution._ask(request, self.approval_timeout)
+        else:
+            request.decide(decision)
+        if not decision.approved:
+            raise ToolCallDenied(decision.reason)
 
     # -- files --------------------------------------------------------------------------
 

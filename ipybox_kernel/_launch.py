@@ -80,6 +80,23 @@ class _OutputGuard:
         return self._send(stream, msg_or_type, content, *args, **kwargs)
 
 
+def _pip_magic(line: str) -> None:
+    """``%pip install PKG ...``: the host installs (the kernel has no network), after approval."""
+    import importlib
+    import shlex
+
+    from ipybox_kernel import call_tool
+
+    words = shlex.split(line)
+    if not words or words[0] != "install" or len(words) < 2 or any(w.startswith("-") for w in words[1:]):
+        print("usage: %pip install PACKAGE [PACKAGE ...]  (options are not supported in ipybox)")
+        return
+    for spec in words[1:]:
+        output = call_tool("ipybox", "install_package", {"package": spec})
+        print(output.text.strip().splitlines()[-1] if output.text.strip() else f"installed {spec}")
+    importlib.invalidate_caches()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="ipybox_kernel._launch")
     parser.add_argument("--memory", type=int)
@@ -102,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             "--InteractiveShell.colors=nocolor",
         ]
     )
+    app.shell.register_magic_function(_pip_magic, "line", "pip")
     if ours.output is not None:
         guard = _OutputGuard(app.session, ours.output)
         app.shell.events.register("pre_execute", guard.reset)

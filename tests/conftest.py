@@ -7,6 +7,8 @@ import pytest
 
 from ipybox import CodeExecutor
 
+pytest_plugins = ("servers.fixtures",)
+
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:

@@ -1,0 +1,93 @@
+"""The wire protocol between the kernel's tool-call stub and the host's ToolServer.
+
+The stub (``ipybox_kernel``, stdlib only) talks to the ToolServer over one unix socket. Each message
+is one line of UTF-8 JSON; a connection carries one request at a time and gets one reply to it, so
+the stub keeps a few connections open and reuses them. Every request carries the executor's token.
+
+A request names a server and a tool and carries arguments, nothing else: no command, URL or
+environment. The host looks the server up by name in its own registry::
+
+    {"token": "...", "seq": 7, "execution": "<msg_id>" | null,
+     "server": "github", "tool": "search_issues", "arguments": {...}}
+
+A reply is either a result or an error of one of the `ErrorKind` kinds::
+
+    {"seq": 7, "ok": true, "structured": {...} | null, "text": "...", "content": [...]}
+    {"seq": 7, "ok": false, "error": "rejected", "message": "...", "reason": "..."}
+
+The kernel side mirrors these names in ``ipybox_kernel/_client.py``; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = (
+    "MAX_LINE_BYTES",
+    "ErrorKind",
+    "ToolErrorReply",
+    "ToolRequest",
+    "ToolResultReply",
+)
+
+# Large enough for big arguments and inline images, small enough that a flood of such lines stays bounded.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+ErrorKind = Literal[
+    "bad_request",  # not JSON, or not a valid request (unknown or missing fields, wrong types)
+    "too_large",  # the request line exceeded MAX_LINE_BYTES; the connection is closed
+    "unauthorized",  # missing or wrong token; the connection is closed
+    "unknown_server",  # no server of that name is registered
+    "unknown_tool",  # the server has no tool of that name
+    "rejected",  # the application did not approve the call
+    "approval_failed",  # approving the call failed on the host; the call was not made
+    "server_start",  # the MCP server could not be started or connected to
+    "server_crashed",  # the connection to the MCP server ended during the call
+    "timeout",  # the MCP call took longer than the ToolServer's call timeout
+    "tool_error",  # the tool ran and reported an error, or the server refused the call
+    "internal",  # a bug on the host; the message says where
+]
+
+
+class ToolRequest(BaseModel):
+    """One tool call as the kernel sends it. Anything beyond these fields is refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    token: str = Field(max_length=1024)
+    seq: int = Field(ge=0)
+    execution: str | None = Field(default=None, max_length=1024)
+    server: str = Field(min_length=1, max_length=1024)
+    tool: str = Field(min_length=1, max_length=1024)
+    arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
+
+
+class ToolResultReply(BaseModel):
+    """The result of a tool call that completed."""
+
+    seq: int
+    ok: Literal[True] = True
+    structured: dict[str, Any] | None
+    """The MCP ``structuredContent``, when the tool returned any."""
+    text: str
+    """The text content items, joined with newlines."""
+    content: list[dict[str, Any]]
+    """Every MCP content item (text, image, audio, resources) as MCP wire JSON (camelCase)."""
+
+
+class ToolErrorReply(BaseModel):
+    """Why a tool call was not made, or failed."""
+
+    seq: int | None
+    ok: Literal[False] = False
+    error: ErrorKind
+    message: str
+    """A readable message naming the server and tool and, where there is one, the fix."""
+    reason: str | None = None
+    """For ``rejected``: the reason the application gave, if any."""
+    timeout: float | None = None
+    """For ``timeout``: the timeout that was exceeded, in seconds."""
+    output: str | None = None
+    """For ``server_start`` and ``server_crashed``: the last lines the server wrote to stderr."""

@@ -1,0 +1,154 @@
+"""The ``ipybox`` command line: a dispatcher over subcommands.
+
+``ipybox generate NAME -- COMMAND ARGS...`` and ``ipybox generate NAME --url URL [--transport sse]``
+write the typed package of an MCP server; ``ipybox stubs`` prints the prompt stubs of generated
+packages. Each subcommand is a ``_cmd_*`` function registered in `_build_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ._codegen import GenerationReport, generate_package
+from ._exceptions import IpyboxError, UsageError
+from ._manifest import MANIFEST_DIR, MANIFEST_FILE
+from ._stubs import render_tool_stubs
+
+__all__ = ("main",)
+
+DEFAULT_ROOT = "mcptools"
+
+_Command = Callable[[argparse.Namespace], int]
+
+
+def _pairs(values: Sequence[str] | None, option: str) -> dict[str, str] | None:
+    if not values:
+        return None
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{option} takes NAME=VALUE, got {value!r}")
+        pairs[key] = rest
+    return pairs
+
+
+def _server_params(args: argparse.Namespace) -> dict[str, Any]:
+    command: list[str] = args.command
+    if bool(args.url) == bool(command):
+        raise UsageError(
+            "give the server either as a command after '--' (ipybox generate NAME -- npx -y some-server) "
+            "or with --url URL"
+        )
+    if args.url:
+        if args.env or args.cwd:
+            raise UsageError("--env and --cwd apply to servers started with a command, not to --url")
+        return {"url": args.url, "type": args.transport, "headers": _pairs(args.header, "--header")}
+    if args.header or args.transport != "streamable-http":
+        raise UsageError("--header and --transport apply to --url servers, not to a command")
+    return {"command": command[0], "args": command[1:], "env": _pairs(args.env, "--env"), "cwd": args.cwd}
+
+
+def _print_report(report: GenerationReport, root: Path) -> None:
+    sources = report.sources
+    where = f"{report.path}{'/' if not str(report.path).endswith('/') else ''}"
+    took = sum(v for k, v in report.timings.items() if k != "connect")
+    status = "wrote" if report.changed else "unchanged"
+    print(
+        f"{status} {where} from MCP server {report.server_name!r}: {len(sources.tools)} tool modules "
+        f"({took:.2f} s after connecting)"
+    )
+    for tool in sources.tools:
+        origin = "" if tool.name == tool.module else f"  (tool {tool.name!r})"
+        print(f"  {tool.module}{origin}")
+    for renamed in sources.renamed:
+        print(
+            f"renamed: tool {renamed.original!r} -> module {renamed.identifier!r}, "
+            f"because {renamed.wanted!r} is taken by tool {renamed.taken_by!r}"
+        )
+    for tool in sources.tools:
+        if tool.fallbacks:
+            print(
+                f"permissive {' and '.join(tool.fallbacks)} for tool {tool.name!r}: {'; '.join(tool.notes)}"
+            )
+    print(f"server parameters recorded in {root / MANIFEST_DIR / MANIFEST_FILE} (host only)")
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    params = _server_params(args)
+    root = Path(args.root)
+    report = anyio.run(generate_package, args.name, params, root)
+    _print_report(report, root)
+    return 0
+
+
+def _cmd_stubs(args: argparse.Namespace) -> int:
+    text = render_tool_stubs(args.root, servers=args.server or None, tools=args.tool or None)
+    sys.stdout.write(text)
+    print(f"# {len(text)} characters", file=sys.stderr)
+    return 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ipybox", description="Sandboxed Python code actions with MCP tools."
+    )
+    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
+
+    generate = commands.add_parser(
+        "generate",
+        help="generate the typed Python package of an MCP server",
+        description="Connect to an MCP server and write a typed Python module per tool under --root.",
+        epilog="examples:\n  ipybox generate fetch -- uvx mcp-server-fetch\n"
+        "  ipybox generate search --url http://127.0.0.1:8000/mcp --header 'Authorization=Bearer ${TOKEN}'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    generate.add_argument("name", help="the name to register the server under (the package name is derived)")
+    generate.add_argument("command", nargs="*", help="after '--': the command that starts a stdio server")
+    generate.add_argument("--url", help="the URL of a running streamable HTTP or SSE server")
+    generate.add_argument(
+        "--transport", choices=["streamable-http", "sse"], default="streamable-http", help="for --url"
+    )
+    generate.add_argument("--header", action="append", metavar="NAME=VALUE", help="HTTP header for --url")
+    generate.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment for a command")
+    generate.add_argument("--cwd", help="working directory for a command")
+    generate.add_argument(
+        "--root", default=DEFAULT_ROOT, help=f"the tools directory (default: {DEFAULT_ROOT})"
+    )
+    generate.set_defaults(handler=_cmd_generate)
+
+    stubs = commands.add_parser(
+        "stubs",
+        help="print compact Python stubs of generated packages (for prompts)",
+        description="Print the stubs of generated tool packages; the character count goes to stderr.",
+    )
+    stubs.add_argument("--root", default=DEFAULT_ROOT, help=f"the tools directory (default: {DEFAULT_ROOT})")
+    stubs.add_argument("--server", action="append", help="only this server (repeatable)")
+    stubs.add_argument("--tool", action="append", help="only this tool (repeatable)")
+    stubs.set_defaults(handler=_cmd_stubs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ipybox`` command line; returns the exit status.
+
+    Args:
+        argv: The arguments after the program name; ``sys.argv[1:]`` when None.
+    """
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    handler: _Command = args.handler
+    try:
+        return handler(args)
+    except UsageError as exc:
+        print(f"ipybox: error: {exc}", file=sys.stderr)
+        return 2
+    except IpyboxError as exc:
+        print(f"ipybox: error: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,787 @@
+"""The host side of the tool channel: MCP calls from the kernel, each one approved first.
+
+The sandboxed kernel has no network. Its only way to an MCP tool is the unix socket this
+`ToolServer` listens on (see `ipybox._channel` for the wire format). For each request the ToolServer
+
+1. checks the executor's token (a wrong or missing one gets nothing run),
+2. looks the server up *by name* in the registry the host filled with `register()`,
+3. looks the tool up in that server's tool list (connecting to the server if needed),
+4. hands a `ToolCall` to the gate, which returns to approve or raises `ToolCallDenied`,
+5. calls the tool over the server's long-lived MCP session and sends the result back.
+
+MCP sessions are started lazily, shared by concurrent calls, restarted after a crash, and closed on
+`reset()` and when `run()` ends. Each one is owned by a task in the ToolServer's task group.
+"""
+
+from __future__ import annotations
+
+import errno
+import hmac
+import json
+import logging
+import os
+import socket
+import stat
+import tempfile
+import types
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, cast
+
+import anyio
+import anyio.abc
+from mcp import ClientSession, MCPError
+from mcp import types as mcp_types
+from mcp_types import CONNECTION_CLOSED
+from pydantic import ValidationError
+
+from ._channel import MAX_LINE_BYTES, ErrorKind, ToolErrorReply, ToolRequest, ToolResultReply
+from ._exceptions import IpyboxError, MCPServerError, UsageError
+from ._mcp import HttpServer, StdioServer, describe_server, open_session, parse_server_params
+
+__all__ = ("Gate", "ToolCall", "ToolCallDenied", "ToolServer")
+
+logger = logging.getLogger(__name__)
+
+# Each connection may buffer a request line of up to MAX_LINE_BYTES and carries one call at a time,
+# so this bounds both the host memory a kernel can tie up and the number of calls in flight.
+MAX_CONNECTIONS = 32
+# Connections beyond MAX_CONNECTIONS wait here (then in connect()) until a slot frees, rather than fail.
+LISTEN_BACKLOG = 128
+# A server can exit unseen while a session is idle; after this long unused, a ping checks it first.
+IDLE_PROBE_AFTER = 5.0
+# A live server answers a ping within milliseconds; a slower one is busy, and the call goes ahead.
+PROBE_TIMEOUT = 2.0
+# Enough of a failed server's stderr for its error and a short traceback, small enough for a message.
+STDERR_TAIL_BYTES = 4096
+# accept() can fail when the process runs out of descriptors; wait for one of ours to close, or this long.
+ACCEPT_RETRY_DELAY = 0.5
+# One read per wakeup; large requests take several.
+_RECEIVE_CHUNK = 256 * 1024
+_TOO_LARGE = f"a tool-call request is limited to {MAX_LINE_BYTES} bytes; pass large data as a file"
+# Socket paths longer than this do not fit in sockaddr_un on Linux (108 bytes including the NUL).
+_MAX_SOCKET_PATH = 107
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCall:
+    """What the host knows about one requested tool call, handed to the gate for approval.
+
+    Attributes:
+        server_name: The name the server is registered under.
+        tool_name: The tool's name as the server lists it.
+        arguments: The arguments the kernel sent.
+        execution: The kernel's id for the running cell (its IPython parent msg_id), as sent by the
+            kernel. Informational only: code in the kernel can put anything here.
+        seq: The kernel's sequence number of the call.
+        server: What the host will run or call: the command line or URL (no secret values).
+        annotations: The tool's MCP annotations as listed by the server (``readOnlyHint``, ...).
+            They are hints from the server, not guarantees.
+    """
+
+    server_name: str
+    tool_name: str
+    arguments: dict[str, Any]
+    execution: str | None
+    seq: int
+    server: str
+    annotations: dict[str, Any] | None
+
+
+class ToolCallDenied(Exception):
+    """Raised by a gate to reject a tool call; the kernel gets ``ToolCallRejected(reason)``.
+
+    Attributes:
+        reason: Why the call was rejected, shown to the code in the kernel (optional).
+    """
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason or "the tool call was rejected")
+        self.reason = reason
+
+
+Gate = Callable[[ToolCall], Awaitable[None]]
+"""Approves a tool call by returning, rejects it by raising `ToolCallDenied`."""
+
+BuiltinTool = Callable[[Mapping[str, Any]], Awaitable[str]]
+"""A tool the host itself provides (e.g. package installs): takes the arguments, returns text."""
+
+
+class _Reply(Exception):
+    """Ends the handling of a request early with an error reply (internal control flow)."""
+
+    def __init__(self, reply: ToolErrorReply, *, close: bool = False) -> None:
+        super().__init__(reply.message)
+        self.reply = reply
+        self.close = close
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """The request a connection is answering; cancelled if the kernel hangs up."""
+
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass(eq=False, kw_only=True)
+class _Session:
+    """One live MCP session, owned by a task in the ToolServer's task group."""
+
+    session: ClientSession
+    tools: dict[str, mcp_types.Tool]
+    stderr: IO[str]
+    last_used: float
+    close_requested: anyio.Event = field(default_factory=anyio.Event)
+    closed: anyio.Event = field(default_factory=anyio.Event)
+    close_reason: str | None = None
+    final_stderr: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        return not self.close_requested.is_set()
+
+    def close(self, reason: str) -> None:
+        if self.close_reason is None:
+            self.close_reason = reason
+        self.close_requested.set()
+
+    def stderr_tail(self) -> str:
+        if self.final_stderr is not None:
+            return self.final_stderr
+        return _read_tail(self.stderr)
+
+
+@dataclass(eq=False)
+class _Entry:
+    """A registered server and, once connected, its session."""
+
+    name: str
+    params: StdioServer | HttpServer
+    description: str
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    live: _Session | None = None
+
+
+class ToolServer:
+    """Serves MCP tool calls from a sandboxed kernel over a unix socket, approving each one.
+
+    Args:
+        socket_path: Where to create the unix socket (mode 0600). A stale socket file left there
+            by a process that is gone is replaced.
+        token: The secret the kernel must send with every request.
+        gate: Awaited with a `ToolCall` before each call; it approves by returning and rejects by
+            raising `ToolCallDenied`. Any other exception also rejects the call.
+        call_timeout: Seconds one MCP call may take, not counting approval; None for no limit.
+        connect_timeout: Seconds to start or reach a server and list its tools.
+        max_connections: Connections served at once; more wait until one closes.
+    """
+
+    def __init__(
+        self,
+        *,
+        socket_path: Path,
+        token: str,
+        gate: Gate,
+        call_timeout: float | None = 300.0,
+        connect_timeout: float = 30.0,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        if len(token) < 16:
+            raise UsageError("the ToolServer token must be at least 16 characters; use secrets.token_urlsafe()")
+        if call_timeout is not None and call_timeout <= 0:
+            raise UsageError(f"call_timeout must be positive or None, got {call_timeout!r}")
+        if connect_timeout <= 0:
+            raise UsageError(f"connect_timeout must be positive, got {connect_timeout!r}")
+        if max_connections < 1:
+            raise UsageError(f"max_connections must be at least 1, got {max_connections!r}")
+        self._socket_path = Path(socket_path)
+        self._token = token.encode()
+        self._gate = gate
+        self._call_timeout = call_timeout
+        self._connect_timeout = connect_timeout
+        self._max_connections = max_connections
+        self._entries: dict[str, _Entry] = {}
+        self._builtins: dict[tuple[str, str], BuiltinTool] = {}
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._connection_closed = anyio.Event()
+        self._idle_probe_after = IDLE_PROBE_AFTER
+
+    @property
+    def socket_path(self) -> Path:
+        """Where the unix socket is (or will be) bound."""
+        return self._socket_path
+
+    @property
+    def servers(self) -> Mapping[str, StdioServer | HttpServer]:
+        """The registered servers by name (a read-only snapshot)."""
+        return types.MappingProxyType({name: entry.params for name, entry in self._entries.items()})
+
+    def register(self, name: str, params: StdioServer | HttpServer | Mapping[str, Any]) -> None:
+        """Register an MCP server under a name, replacing any server registered under it before.
+
+        The server is started (or connected to) on the first call of one of its tools. Replacing a
+        server closes the old one's session.
+
+        Args:
+            name: The name kernel code uses for the server.
+            params: A `StdioServer`, an `HttpServer`, or the usual ``mcpServers`` JSON shape.
+
+        Raises:
+            UsageError: The name is empty or the parameters do not describe a server.
+        """
+        if not isinstance(name, str) or not name.strip():  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"an MCP server needs a non-empty name, got {name!r}")
+        if any(server == name for server, _ in self._builtins):
+            raise UsageError(f"the server name {name!r} is reserved for tools the host provides")
+        parsed = parse_server_params(params)
+        old = self._entries.get(name)
+        if old is not None and old.live is not None:
+            old.live.close(f"MCP server {name!r} was registered again")
+        self._entries[name] = _Entry(name, parsed, describe_server(parsed))
+
+    def register_builtin(self, server: str, tool: str, handler: BuiltinTool) -> None:
+        """Serve a tool implemented on the host under ``server``/``tool``, gated like MCP tools.
+
+        Raises:
+            UsageError: An MCP server is registered under ``server`` already.
+        """
+        if server in self._entries:
+            raise UsageError(f"{server!r} is already the name of an MCP server")
+        self._builtins[(server, tool)] = handler
+
+    async def reset(self) -> None:
+        """Close every MCP session; servers are started again on their next call.
+
+        Calls in flight on those sessions fail with a server error in the kernel.
+        """
+        lives = [entry.live for entry in self._entries.values() if entry.live is not None]
+        for live in lives:
+            live.close("the tool server was reset")
+        for entry in self._entries.values():
+            entry.live = None
+        for live in lives:
+            await live.closed.wait()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Listen on the socket and serve tool calls until cancelled.
+
+        Signals readiness through ``task_status`` once the socket accepts connections (use
+        ``await task_group.start(tool_server.run)``). On exit, closes every MCP session and removes
+        the socket file.
+
+        Raises:
+            UsageError: Already running, or the socket path is unusable or in use.
+        """
+        if self._task_group is not None:
+            raise UsageError("this ToolServer is already running; call run() once")
+        listener = _bind_socket(self._socket_path)
+        inode = os.stat(self._socket_path).st_ino
+        try:
+            async with anyio.create_task_group() as tg:
+                self._task_group = tg
+                tg.start_soon(self._accept, listener, tg)
+                task_status.started()
+        finally:
+            self._task_group = None
+            for entry in self._entries.values():
+                entry.live = None
+            listener.close()
+            _remove_socket(self._socket_path, inode)
+
+    # -- connections -------------------------------------------------------------------------------
+
+    async def _accept(self, listener: socket.socket, tg: anyio.abc.TaskGroup) -> None:
+        slots = anyio.Semaphore(self._max_connections)
+        while True:
+            await slots.acquire()
+            try:
+                sock = await _accept_one(listener)
+            except OSError as exc:
+                slots.release()
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    logger.debug("accept() on %s failed: %s", self._socket_path, exc)
+                    continue
+                logger.warning("cannot accept a tool-call connection: %s", exc)
+                with anyio.move_on_after(ACCEPT_RETRY_DELAY):
+                    await self._connection_closed.wait()
+                continue
+            tg.start_soon(self._serve_connection, _LineConnection(sock), slots)
+
+    async def _serve_connection(self, connection: _LineConnection, slots: anyio.Semaphore) -> None:
+        """Read requests from one connection and answer them in order, one at a time.
+
+        This task is the connection's only reader. It keeps reading while a request is answered, so
+        a kernel that hangs up (an interrupted cell) is noticed at once, and the approval or MCP
+        call made for it is cancelled.
+        """
+        try:
+            async with anyio.create_task_group() as tg:
+                previous: _InFlight | None = None
+                while True:
+                    try:
+                        line = await connection.receive_line(MAX_LINE_BYTES)
+                    except _LineTooLong:
+                        if previous is not None:
+                            await previous.done.wait()
+                        await connection.send_reply(_error(None, "too_large", _TOO_LARGE))
+                        break
+                    except EOFError:
+                        if previous is not None:
+                            previous.scope.cancel()
+                        break
+                    if previous is not None:
+                        await previous.done.wait()
+                    try:
+                        request = self._parse(line)
+                    except _Reply as early:
+                        await connection.send_reply(early.reply)
+                        if early.close:
+                            break
+                        continue
+                    previous = _InFlight()
+                    tg.start_soon(self._answer_in_flight, connection, request, previous)
+        finally:
+            connection.close()
+            slots.release()
+            self._connection_closed.set()
+            self._connection_closed = anyio.Event()
+
+    async def _answer_in_flight(self, connection: _LineConnection, request: ToolRequest, flight: _InFlight) -> None:
+        reply: ToolResultReply | ToolErrorReply | None = None
+        try:
+            with flight.scope:
+                try:
+                    reply = await self._answer(request)
+                except _Reply as early:
+                    reply = early.reply
+            if reply is not None:
+                await connection.send_reply(reply)
+        finally:
+            flight.done.set()
+
+    def _parse(self, line: bytes) -> ToolRequest:
+        try:
+            data = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            raise _Reply(_error(None, "bad_request", "the tool-call request is not valid JSON")) from None
+        if not isinstance(data, dict):
+            raise _Reply(_error(None, "bad_request", "a tool-call request must be a JSON object"))
+        fields: dict[str, Any] = data  # pyright: ignore[reportUnknownVariableType]
+        token = fields.get("token")
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
+            message = "the tool server refused the request: missing or wrong token"
+            raise _Reply(_error(None, "unauthorized", message), close=True)
+        seq = fields.get("seq")
+        try:
+            return ToolRequest.model_validate(fields)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'request'}: {err['msg']}" for err in exc.errors()
+            )
+            raise _Reply(
+                _error(
+                    seq if isinstance(seq, int) else None,
+                    "bad_request",
+                    f"invalid tool-call request: {problems}",
+                )
+            ) from None
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    async def _answer(self, request: ToolRequest) -> ToolResultReply | ToolErrorReply:
+        server, tool = request.server, request.tool
+        builtin = self._builtins.get((server, tool))
+        if builtin is not None:
+            return await self._answer_builtin(request, builtin)
+        entry = self._entries.get(server)
+        if entry is None:
+            known = ", ".join(repr(n) for n in sorted(self._entries)) or "none"
+            return _error(
+                request.seq,
+                "unknown_server",
+                f"no MCP server named {server!r} is registered with this executor (registered: {known})",
+            )
+        live = await self._session(entry, request)
+        spec = live.tools.get(tool)
+        if spec is None:
+            # The server may have added the tool since it was listed.
+            live.tools = await self._list_tools(entry, live.session, request)
+            spec = live.tools.get(tool)
+        if spec is None:
+            known = ", ".join(repr(n) for n in sorted(live.tools)) or "none"
+            return _error(
+                request.seq,
+                "unknown_tool",
+                f"MCP server {server!r} has no tool named {tool!r} (its tools: {known})",
+            )
+        annotations = (
+            spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if spec.annotations else None
+        )
+        call = ToolCall(
+            server_name=server,
+            tool_name=tool,
+            arguments=request.arguments,
+            execution=request.execution,
+            seq=request.seq,
+            server=entry.description,
+            annotations=annotations,
+        )
+        refused = await self._approve(call)
+        if refused is not None:
+            return refused
+        # Approval can take long; the session may have been reset or replaced meanwhile.
+        if not live.usable:
+            live = await self._session(entry, request)
+        return await self._call(entry, live, request)
+
+    async def _approve(self, call: ToolCall) -> ToolErrorReply | None:
+        """Run the gate; an error reply when the call must not be made."""
+        server, tool = call.server_name, call.tool_name
+        try:
+            await self._gate(call)
+        except ToolCallDenied as denied:
+            message = f"the application rejected the call to tool {tool!r} of MCP server {server!r}"
+            if denied.reason:
+                message += f": {denied.reason}"
+            return ToolErrorReply(seq=call.seq, error="rejected", message=message, reason=denied.reason)
+        except Exception as exc:  # the gate is application code; whatever it raises, the call is not made
+            logger.exception("the approval gate failed for %s/%s", server, tool)
+            return _error(
+                call.seq,
+                "approval_failed",
+                f"approving the call to tool {tool!r} of MCP server {server!r} failed on the host "
+                f"({type(exc).__name__}); the call was not made",
+            )
+        return None
+
+    async def _answer_builtin(self, request: ToolRequest, handler: BuiltinTool) -> ToolResultReply | ToolErrorReply:
+        call = ToolCall(
+            server_name=request.server,
+            tool_name=request.tool,
+            arguments=request.arguments,
+            execution=request.execution,
+            seq=request.seq,
+            server=f"ipybox on the host: {request.tool}",
+            annotations=None,
+        )
+        refused = await self._approve(call)
+        if refused is not None:
+            return refused
+        try:
+            text = await handler(request.arguments)
+        except IpyboxError as exc:
+            return _error(request.seq, "tool_error", f"{request.server}.{request.tool} failed: {exc}")
+        return ToolResultReply(seq=request.seq, structured=None, text=text, content=[{"type": "text", "text": text}])
+
+    async def _session(self, entry: _Entry, request: ToolRequest) -> _Session:
+        live = await self._connect(entry, request)
+        if anyio.current_time() - live.last_used < self._idle_probe_after:
+            return live
+        try:
+            with anyio.move_on_after(PROBE_TIMEOUT):
+                await live.session.send_ping()
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED:
+                return live
+            live.close(f"MCP server {entry.name!r} had exited")
+            live = await self._connect(entry, request)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            live.close(f"MCP server {entry.name!r} had exited")
+            live = await self._connect(entry, request)
+        live.last_used = anyio.current_time()
+        return live
+
+    async def _connect(self, entry: _Entry, request: ToolRequest) -> _Session:
+        async with entry.lock:
+            live = entry.live
+            if live is not None and live.usable:
+                return live
+            tg = self._task_group
+            if tg is None:
+                raise _Reply(_error(request.seq, "internal", "the tool server is shutting down"))
+            try:
+                live = await tg.start(self._own_session, entry)
+            except MCPServerError as exc:
+                raise _Reply(
+                    ToolErrorReply(
+                        seq=request.seq,
+                        error="server_start",
+                        message=f"{exc}\n(while calling tool {request.tool!r})",
+                        output=exc.output if isinstance(exc, _StartFailed) else None,
+                    )
+                ) from None
+            except UsageError as exc:
+                raise _Reply(
+                    _error(request.seq, "server_start", f"cannot start MCP server {entry.name!r}: {exc}")
+                ) from None
+            entry.live = live
+            return live
+
+    async def _own_session(self, entry: _Entry, *, task_status: anyio.abc.TaskStatus[_Session]) -> None:
+        """Open a session, hand it out through ``task_status``, keep it open until asked to close."""
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
+            live: _Session | None = None
+            try:
+                async with open_session(
+                    entry.name, entry.params, connect_timeout=self._connect_timeout, errlog=stderr
+                ) as session:
+                    with anyio.fail_after(self._connect_timeout):
+                        tools = await _list_all_tools(session)
+                    live = _Session(session=session, tools=tools, stderr=stderr, last_used=anyio.current_time())
+                    task_status.started(live)
+                    await live.close_requested.wait()
+            except Exception as exc:  # top level of a background task: it must not take the ToolServer down
+                if live is None:
+                    raise _start_error(entry.name, exc, _read_tail(stderr)) from exc
+                logger.debug("the session with MCP server %r ended: %r", entry.name, exc)
+            finally:
+                if live is not None:
+                    live.final_stderr = _read_tail(stderr)
+                    live.close_requested.set()
+                    live.closed.set()
+
+    async def _list_tools(
+        self, entry: _Entry, session: ClientSession, request: ToolRequest
+    ) -> dict[str, mcp_types.Tool]:
+        try:
+            with anyio.fail_after(self._connect_timeout):
+                return await _list_all_tools(session)
+        except TimeoutError:
+            message = f"MCP server {entry.name!r} did not list its tools within {self._connect_timeout:g} s"
+        except MCPError as exc:
+            message = f"MCP server {entry.name!r} failed to list its tools: {exc.message}"
+        raise _Reply(_error(request.seq, "tool_error", message))
+
+    async def _call(self, entry: _Entry, live: _Session, request: ToolRequest) -> ToolResultReply | ToolErrorReply:
+        server, tool, seq = request.server, request.tool, request.seq
+        try:
+            with anyio.fail_after(self._call_timeout):
+                result = await live.session.call_tool(tool, request.arguments)
+        except TimeoutError:
+            assert self._call_timeout is not None
+            return ToolErrorReply(
+                seq=seq,
+                error="timeout",
+                message=f"the call to tool {tool!r} of MCP server {server!r} timed out after "
+                f"{self._call_timeout:g} s (the executor's tool call timeout)",
+                timeout=self._call_timeout,
+            )
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                return self._crashed(entry, live, request)
+            return _error(seq, "tool_error", f"MCP server {server!r} refused the call to tool {tool!r}: {exc.message}")
+        except RuntimeError as exc:
+            # The client checks structured results against the tool's output schema.
+            return _error(
+                seq,
+                "tool_error",
+                f"MCP server {server!r} returned an invalid result for tool {tool!r}: {exc}",
+            )
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return self._crashed(entry, live, request)
+        live.last_used = anyio.current_time()
+        text = "\n".join(item.text for item in result.content if isinstance(item, mcp_types.TextContent))
+        if result.is_error:
+            detail = text or "no error message"
+            return _error(seq, "tool_error", f"tool {tool!r} of MCP server {server!r} failed: {detail}")
+        return ToolResultReply(
+            seq=seq,
+            structured=result.structured_content,
+            text=text,
+            content=[item.model_dump(by_alias=True, mode="json", exclude_none=True) for item in result.content],
+        )
+
+    def _crashed(self, entry: _Entry, live: _Session, request: ToolRequest) -> ToolErrorReply:
+        tail = live.stderr_tail()
+        if live.close_reason is not None:
+            why = f"the session was closed because {live.close_reason}"
+        else:
+            why = "the server exited or dropped the connection; the next call starts it again"
+            live.close(f"MCP server {entry.name!r} dropped the connection")
+        message = (
+            f"the connection to MCP server {request.server!r} ended during the call to tool {request.tool!r}: {why}"
+        )
+        if tail:
+            message += f"\nits stderr ends with:\n{tail}"
+        return ToolErrorReply(seq=request.seq, error="server_crashed", message=message, output=tail or None)
+
+
+async def _list_all_tools(session: ClientSession) -> dict[str, mcp_types.Tool]:
+    tools: dict[str, mcp_types.Tool] = {}
+    cursor: str | None = None
+    while True:
+        params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        page = await session.list_tools(params=params)
+        tools.update((tool.name, tool) for tool in page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+
+
+class _StartFailed(MCPServerError):
+    """A server could not be started or connected to; carries the tail of its stderr."""
+
+    def __init__(self, server_name: str, message: str, *, output: str | None) -> None:
+        super().__init__(server_name, message)
+        self.output = output
+
+
+def _start_error(name: str, exc: BaseException, tail: str) -> _StartFailed:
+    # The transports' task groups wrap the one error that matters.
+    while isinstance(exc, BaseExceptionGroup):
+        exc = cast("BaseExceptionGroup[BaseException]", exc).exceptions[0]
+    if isinstance(exc, MCPServerError):
+        detail = str(exc).removeprefix(f"MCP server {name!r}: ")
+    elif isinstance(exc, MCPError):
+        detail = f"it closed the connection during the MCP handshake ({exc.message})"
+    elif isinstance(exc, TimeoutError):
+        detail = "it did not list its tools in time"
+    else:
+        detail = f"{type(exc).__name__}: {exc}"
+    message = f"failed to start or connect: {detail}"
+    if tail:
+        message += f"\nits stderr ends with:\n{tail}"
+    return _StartFailed(name, message, output=tail or None)
+
+
+def _read_tail(stderr: IO[str]) -> str:
+    try:
+        fd = stderr.fileno()
+        size = os.fstat(fd).st_size
+        start = max(0, size - STDERR_TAIL_BYTES)
+        data = os.pread(fd, size - start, start)
+    except (OSError, ValueError):
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    if start > 0:
+        text = text.partition("\n")[2]
+    return text.strip()
+
+
+def _error(seq: int | None, kind: ErrorKind, message: str) -> ToolErrorReply:
+    return ToolErrorReply(seq=seq, error=kind, message=message)
+
+
+class _LineTooLong(Exception):
+    """A request line ran past the limit without a newline."""
+
+
+class _LineConnection:
+    """Newline-delimited messages over one accepted, non-blocking unix socket.
+
+    Driven by `anyio.wait_readable`/`wait_writable` rather than anyio's unix socket streams, whose
+    asyncio implementation can raise InvalidStateError in a loop callback when a read is cancelled
+    just as data arrives (as happens to every open connection when the ToolServer stops).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._buffer = bytearray()
+        self._scanned = 0
+
+    async def receive_line(self, limit: int) -> bytes:
+        """The next line without its newline.
+
+        Raises:
+            _LineTooLong: More than ``limit`` bytes arrived without a newline.
+            EOFError: The peer closed the connection (or it broke) before a full line.
+        """
+        while True:
+            end = self._buffer.find(b"\n", self._scanned)
+            if end >= 0:
+                line = bytes(self._buffer[:end])
+                del self._buffer[: end + 1]
+                self._scanned = 0
+                return line
+            self._scanned = len(self._buffer)
+            if len(self._buffer) > limit:
+                raise _LineTooLong
+            try:
+                data = self._sock.recv(_RECEIVE_CHUNK)
+            except BlockingIOError:
+                await anyio.wait_readable(self._sock)
+                continue
+            except OSError:
+                raise EOFError from None
+            if not data:
+                raise EOFError
+            self._buffer += data
+
+    async def send_reply(self, reply: ToolResultReply | ToolErrorReply) -> None:
+        """Send one reply line; a peer that has gone away is ignored (it no longer waits for it)."""
+        data = reply.model_dump_json(exclude_none=isinstance(reply, ToolErrorReply)).encode() + b"\n"
+        view = memoryview(data)
+        while view:
+            try:
+                sent = self._sock.send(view)
+            except BlockingIOError:
+                await anyio.wait_writable(self._sock)
+                continue
+            except OSError:
+                return
+            view = view[sent:]
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+async def _accept_one(listener: socket.socket) -> socket.socket:
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except BlockingIOError:
+            await anyio.wait_readable(listener)
+            continue
+        return sock
+
+
+def _bind_socket(path: Path) -> socket.socket:
+    """Bind a listening unix socket that only this user can connect to."""
+    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+        raise UsageError(
+            f"the tool socket path {str(path)!r} is longer than {_MAX_SOCKET_PATH} bytes; use a shorter run directory"
+        )
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(mode):
+            raise UsageError(f"{str(path)!r} exists and is not a socket; choose another tool socket path")
+        if _socket_in_use(path):
+            raise UsageError(f"another process serves the tool socket {str(path)!r}; choose another path")
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(os.fspath(path))
+        # Nobody can connect before listen(), so tightening the mode here leaves no window.
+        os.chmod(path, 0o600)
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _socket_in_use(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(os.fspath(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _remove_socket(path: Path, inode: int) -> None:
+    """Remove the socket file, unless another ToolServer has bound a new one there since."""
+    try:
+        if os.lstat(path).st_ino == inode:
+            path.unlink()
+    except FileNotFoundError:
+        pass
