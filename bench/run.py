@@ -18,7 +18,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -181,14 +183,24 @@ def _loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def measure_baseline() -> dict[str, Any]:
-    """Direct host->server call time of the bench server, for reading the tool-call rows."""
-    _log("--- baseline: direct MCP calls from the host")
-    try:
-        return anyio.run(baseline.direct_call)
-    except Exception as exc:  # top level of an optional measurement: report it, keep the results
-        _log(f"baseline failed: {exc!r}")
-        return {"na": f"error: {exc!r}"[:200]}
+def measure_baselines(quick: bool) -> dict[str, dict[str, Any]]:
+    """Floors measured with a plain MCP client in this process, for reading the MCP rows."""
+    _log("--- baselines: plain MCP client in the host process")
+    jobs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
+        "direct_call_benchsrv": baseline.direct_call,
+    }
+    if EVERYTHING_BIN.exists():
+        jobs["connect_list_everything"] = partial(
+            baseline.connect_and_list, str(EVERYTHING_BIN), ["stdio"], reps=1 if quick else 3
+        )
+    results: dict[str, dict[str, Any]] = {}
+    for name, job in jobs.items():
+        try:
+            results[name] = anyio.run(job)
+        except Exception as exc:  # top level of an optional measurement: report it, keep the results
+            _log(f"baseline {name} failed: {exc!r}")
+            results[name] = {"na": f"error: {exc!r}"[:200]}
+    return results
 
 
 def _num(x: float) -> str:
@@ -289,10 +301,13 @@ def main() -> None:
     reports = {side: run_side(side, args.quick) for side in sides}
     ours = reports.get("ours", {"side": "ours", "metrics": {}})
     peer = reports.get("peer", {"side": "peer", "metrics": {}})
-    baseline = measure_baseline()
+    floors = measure_baselines(args.quick)
     rows = comparison(ours, peer)
     print_table(rows, ours, peer)
-    print(f"floor: the bench server's add() called straight from the host (no kernel): {_cell(baseline)}")
+    print("floors, measured with a plain MCP client in this process:")
+    print(f"  benchsrv add() called straight from the host (no kernel): {_cell(floors['direct_call_benchsrv'])}")
+    if "connect_list_everything" in floors:
+        print(f"  everything: spawn + initialize + list_tools: {_cell(floors['connect_list_everything'])}")
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -305,7 +320,7 @@ def main() -> None:
                 "quick": args.quick,
                 "wall_s": round(time.time() - started, 1),
                 "comparison": rows,
-                "baseline_direct_mcp_call": baseline,
+                "baselines": floors,
                 "sides": reports,
             },
             indent=2,
