@@ -254,7 +254,6 @@ class _Run:
     work: Path
     metrics: dict[str, Metric] = field(default_factory=dict[str, Metric])
     errors: dict[str, str] = field(default_factory=dict[str, str])
-    notes: list[str] = field(default_factory=list[str])
 
     @contextmanager
     def guard(self, group: str, *names: str) -> Generator[None]:
