@@ -103,6 +103,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser(
         "generate",
+        usage="ipybox generate NAME [options] (-- COMMAND [ARGS...] | --url URL)",
         help="generate the typed Python package of an MCP server",
         description="Connect to an MCP server and write a typed Python module per tool under --root.",
         epilog="examples:\n  ipybox generate fetch -- uvx mcp-server-fetch\n"
@@ -110,7 +111,6 @@ def _build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     generate.add_argument("name", help="the name to register the server under (the package name is derived)")
-    generate.add_argument("command", nargs="*", help="after '--': the command that starts a stdio server")
     generate.add_argument("--url", help="the URL of a running streamable HTTP or SSE server")
     generate.add_argument(
         "--transport", choices=["streamable-http", "sse"], default="streamable-http", help="for --url"
@@ -142,7 +142,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: The arguments after the program name; ``sys.argv[1:]`` when None.
     """
     parser = _build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first "--" is the server's command line, passed on untouched (argparse
+    # would otherwise bind it to positionals before the options that come first).
+    command: list[str] = []
+    if "--" in arguments:
+        split = arguments.index("--")
+        arguments, command = arguments[:split], arguments[split + 1 :]
+    args = parser.parse_args(arguments)
+    if command and args.subcommand != "generate":
+        parser.error(f"'--' is only used by 'ipybox generate', not by {args.subcommand!r}")
+    args.command = command
     handler: _Command = args.handler
     try:
         return handler(args)

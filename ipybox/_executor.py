@@ -24,6 +24,7 @@ import anyio
 import anyio.abc
 
 from ._approval import Approval, check_approval, decide_by_policy
+from ._events import wait_any
 from ._exceptions import (
     CodeExecutionError,
     ExecutionCancelled,
@@ -243,14 +244,7 @@ class CodeExecutor:
                     if not started:
                         started = True
                         task_status.started()
-                    async with anyio.create_task_group() as race:
-
-                        async def until(event: anyio.Event) -> None:
-                            await event.wait()
-                            race.cancel_scope.cancel()
-
-                        race.start_soon(until, kernel.exited)
-                        race.start_soon(until, self._restart)
+                    await wait_any(kernel.exited, self._restart)
                     self._set_kernel(None)
             except KernelStartError as exc:
                 if not started:
@@ -524,30 +518,15 @@ async def _wait_budget(finished: anyio.Event, execution: Execution) -> bool:
         return True
     remaining = execution.timeout
     while not finished.is_set():
+        changed = execution._pending_changed
         if execution._pending:
-            changed = execution._pending_changed
-            async with anyio.create_task_group() as race:
-
-                async def until(event: anyio.Event) -> None:
-                    await event.wait()
-                    race.cancel_scope.cancel()
-
-                race.start_soon(until, finished)
-                race.start_soon(until, changed)
+            await wait_any(finished, changed)
             continue
         if remaining <= 0:
             return False
-        changed = execution._pending_changed
         begin = anyio.current_time()
         with anyio.move_on_after(remaining):
-            async with anyio.create_task_group() as race:
-
-                async def until(event: anyio.Event) -> None:
-                    await event.wait()
-                    race.cancel_scope.cancel()
-
-                race.start_soon(until, finished)
-                race.start_soon(until, changed)
+            await wait_any(finished, changed)
         remaining -= anyio.current_time() - begin
     return True
 

@@ -338,20 +338,40 @@ def _fallback(side: Side) -> _Parsed:
 
 
 def _mark_root(parsed: _Parsed, marker: str, description: Any) -> None:
-    """Find the root model by the marker docstring the schema was given, and restore its docstring."""
+    """Find the root model by the marker description the schema was given, and undo the marker.
+
+    The generator puts a schema's description into the class docstring, and for root models also
+    into the ``root`` field's ``Field(description=...)``; the marker may be in either place.
+    """
+    original = description if isinstance(description, str) and description.strip() else None
+    found = ""
     for stmt in parsed.body:
-        match stmt:
-            case ast.ClassDef(body=[ast.Expr(value=ast.Constant(value=str(doc))), *rest]) if (
-                doc.strip() == marker
-            ):
-                parsed.root = stmt.name
-                if isinstance(description, str) and description.strip():
-                    stmt.body[0] = ast.Expr(value=ast.Constant(value=description))
-                else:
-                    stmt.body[:] = rest or [ast.Pass()]
-                return
+        if not isinstance(stmt, ast.ClassDef):
+            continue
+        match stmt.body:
+            case [ast.Expr(value=ast.Constant(value=str(doc))), *rest] if doc.strip() == marker:
+                found = stmt.name
+                stmt.body[:] = [ast.Expr(value=ast.Constant(value=original)), *rest] if original else rest
             case _:
                 pass
+        for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
+            for keyword in list(call.keywords):
+                match keyword:
+                    case ast.keyword(arg="description", value=ast.Constant(value=str(text))) if (
+                        text.strip() == marker
+                    ):
+                        found = stmt.name
+                        if original:
+                            keyword.value = ast.Constant(value=original)
+                        else:
+                            call.keywords.remove(keyword)
+                    case _:
+                        pass
+        if found:
+            if not stmt.body:
+                stmt.body.append(ast.Pass())
+            parsed.root = found
+            return
     raise _Unsafe("the root model was not generated")
 
 
@@ -428,9 +448,7 @@ def _configure_model(node: ast.ClassDef, imports: dict[str, Import]) -> None:
     JSON Schema patterns are ECMAScript regexes, and lookarounds and backreferences work in
     Python's engine but not in pydantic's default one (patterns are checked when cleaning).
     """
-    config_name = next((n for n, origin in imports.items() if origin == ("pydantic", "ConfigDict")), None)
-    if config_name is None:
-        raise ValueError("the tool module must import pydantic.ConfigDict")
+    config_name = next(n for n, origin in imports.items() if origin == ("pydantic", "ConfigDict"))
     flags = [
         ast.keyword(arg="defer_build", value=ast.Constant(value=True)),
         ast.keyword(arg="protected_namespaces", value=ast.Tuple(elts=[], ctx=ast.Load())),
@@ -510,6 +528,9 @@ def generate_tool_models(
             result = _fallback("Result")
             _merge_imports(imports, result.imports)
 
+    if ("pydantic", "ConfigDict") not in imports.values():
+        # Every model gets a model_config (see _configure_model); generated classes must not shadow it.
+        imports["ConfigDict" if "ConfigDict" not in imports else "_ConfigDict"] = ("pydantic", "ConfigDict")
     taken = {*imports, *reserved, *(b for b in dir(builtins) if not b.startswith("_")), "Params", "Result"}
     params_names = {params.root: "Params"}
     for name in params.classes:

@@ -100,8 +100,30 @@ def _load_server(package_dir: Path) -> _Server | None:
     return _Server(name, package_dir.name, tuple(tools))
 
 
-def _cut(text: str) -> str:
-    return text if len(text) <= EXPRESSION_LIMIT else text[: EXPRESSION_LIMIT - 1] + "…"
+def _cut(node: ast.expr) -> str:
+    """Source of `node`, shortened to about `EXPRESSION_LIMIT` while staying valid Python.
+
+    Long ``Literal[...]`` types keep their first values and end in ``...``; any other long
+    expression becomes ``...``.
+    """
+    text = ast.unparse(node)
+    if len(text) <= EXPRESSION_LIMIT:
+        return text
+    match node:
+        case ast.Subscript(value=head, slice=ast.Tuple(elts=values)):
+            kept: list[str] = []
+            budget = EXPRESSION_LIMIT - len(ast.unparse(head)) - 7
+            for value in values:
+                part = ast.unparse(value)
+                if len(part) + 2 > budget:
+                    break
+                kept.append(part)
+                budget -= len(part) + 2
+            return f"{ast.unparse(head)}[{', '.join([*kept, '...'])}]"
+        case ast.BinOp(left=left, op=ast.BitOr(), right=right):
+            return f"{_cut(left)} | {_cut(right)}"
+        case _:
+            return "..."
 
 
 def _field_parts(annotation: ast.expr) -> tuple[ast.expr, dict[str, ast.expr]]:
@@ -136,11 +158,11 @@ def _render_field(stmt: ast.AnnAssign, indent: str) -> str:
             annotation = inner
         case _:
             pass
-    line = f"{indent}{name}: {_cut(ast.unparse(annotation))}"
+    line = f"{indent}{name}: {_cut(annotation)}"
     if default is not None:
-        line += f" = {_cut(ast.unparse(default))}"
+        line += f" = {_cut(default)}"
     notes: list[str] = []
-    constraints = [f"{k}={_cut(ast.unparse(keywords[k]))}" for k in _CONSTRAINTS if k in keywords]
+    constraints = [f"{k}={_cut(keywords[k])}" for k in _CONSTRAINTS if k in keywords]
     if constraints:
         notes.append(comment_text(", ".join(constraints), limit=DESCRIPTION_LIMIT))
     alias = _literal_str(keywords.get("alias"))
@@ -164,7 +186,7 @@ def _render_class(node: ast.ClassDef, indent: str) -> list[str]:
     doc = _docstring(node)
     comment = f"  # {doc}" if doc else ""
     if root_model is not None:
-        return [f"{indent}{node.name} = {_cut(ast.unparse(root_model.slice))}{comment}"]
+        return [f"{indent}{node.name} = {_cut(root_model.slice)}{comment}"]
     fields = [s for s in node.body if isinstance(s, ast.AnnAssign)]
     members = [
         s for s in node.body if isinstance(s, ast.Assign) and ast.unparse(s.targets[0]) != "model_config"
@@ -173,7 +195,7 @@ def _render_class(node: ast.ClassDef, indent: str) -> list[str]:
         return [f"{indent}class {node.name}: ...{comment}"]
     lines = [f"{indent}class {node.name}:{comment}"]
     lines.extend(_render_field(f, indent + "    ") for f in fields)
-    lines.extend(f"{indent}    {_cut(ast.unparse(m))}" for m in members)
+    lines.extend(f"{indent}    {ast.unparse(m.targets[0])} = {_cut(m.value)}" for m in members)
     return lines
 
 

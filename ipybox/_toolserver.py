@@ -102,7 +102,11 @@ class ToolCallDenied(Exception):
 
 
 Gate = Callable[[ToolCall], Awaitable[None]]
-"""Approves a tool call by returning, rejects it by raising `ToolCallDenied`."""
+"""Approves a tool call by returning, rejects it by raising `ToolCallDenied`.
+
+The gate is cancelled when the kernel stops waiting for the call (its cell was interrupted or its
+connection closed); the call is then not made.
+"""
 
 BuiltinTool = Callable[[Mapping[str, Any]], Awaitable[str]]
 """A tool the host itself provides (e.g. package installs): takes the arguments, returns text."""
@@ -494,6 +498,9 @@ class ToolServer:
         return live
 
     async def _connect(self, entry: _Entry, request: ToolRequest) -> _Session:
+        live = entry.live
+        if live is not None and live.usable:
+            return live  # the common case, without a checkpoint for the lock
         async with entry.lock:
             live = entry.live
             if live is not None and live.usable:

@@ -174,10 +174,14 @@ def call_tool(server_name: str, tool_name: str, arguments: dict[str, Any] | None
 
 
 async def acall_tool(server_name: str, tool_name: str, arguments: dict[str, Any] | None = None) -> ToolOutput:
-    """Like `call_tool`, for ``await``; calls gathered with ``asyncio.gather`` run concurrently.
+    """Like `call_tool`, for ``await`` on asyncio; gathered calls run concurrently.
 
-    Cancelling the awaiting task closes the call's connection, which cancels the call (or its
-    pending approval) on the host.
+    The call runs in a worker thread. Cancelling the awaiting task closes the call's connection,
+    which cancels the call (or its pending approval) on the host.
+
+    Raises:
+        ToolCallRejected: The application rejected the call.
+        ToolCallError: The call failed; the subclass says how.
     """
     import asyncio
     import contextvars
@@ -264,6 +268,8 @@ def _after_fork() -> None:
     # A forked child must not share its parent's connections, nor inherit a lock held by another thread.
     global _pool_lock, _async_executor
     _pool_lock = threading.Lock()
+    for connection in _pool:
+        connection.close()  # closes the child's copies only; the parent's connections stay open
     _pool.clear()
     _async_executor = None
 

@@ -187,8 +187,10 @@ async def test_a_crash_over_http_is_reported_as_a_crash() -> None:
     assert "'crash'" in outcome["message"]
 
 
-async def test_a_call_past_the_call_timeout_raises_a_timeout_naming_server_and_tool(tmp_path: Path) -> None:
-    async with tool_channel({"test": stdio_server()}, call_timeout=0.5) as channel:
+async def test_a_call_past_the_call_timeout_raises_a_timeout_naming_server_and_tool(
+    streamable_http_server: HttpServer,
+) -> None:
+    async with tool_channel({"test": streamable_http_server}, call_timeout=0.5) as channel:
         started = time.monotonic()
         slow, after = await channel.calls(
             ("test", "slow", {"seconds": 30}), ("test", "add", {"a": 1, "b": 2})
@@ -201,13 +203,15 @@ async def test_a_call_past_the_call_timeout_raises_a_timeout_naming_server_and_t
     assert elapsed < 20
 
 
-async def test_a_server_that_fails_to_start_reports_its_stderr_and_other_servers_keep_working() -> None:
+async def test_a_server_that_fails_to_start_reports_its_stderr_and_other_servers_keep_working(
+    streamable_http_server: HttpServer,
+) -> None:
     failing = StdioServer(
         command=sys.executable,
         args=("-c", "import sys; sys.stderr.write('fatal: no API key configured\\n'); sys.exit(3)"),
     )
     missing = StdioServer(command="/nonexistent/mcp-server")
-    servers = {"failing": failing, "missing": missing, "test": stdio_server()}
+    servers = {"failing": failing, "missing": missing, "test": streamable_http_server}
     async with tool_channel(servers) as channel:
         fail_start, fail_missing, ok, fail_again = await channel.calls(
             ("failing", "anything", {}),
@@ -371,8 +375,10 @@ async def test_requests_that_carry_a_command_url_or_env_are_refused(tmp_path: Pa
     assert not started.exists()
 
 
-async def test_malformed_json_gets_an_error_and_the_connection_keeps_serving() -> None:
-    async with tool_channel({"test": stdio_server()}) as channel:
+async def test_malformed_json_gets_an_error_and_the_connection_keeps_serving(
+    streamable_http_server: HttpServer,
+) -> None:
+    async with tool_channel({"test": streamable_http_server}) as channel:
         garbage, not_object, invalid_utf8, good = await _raw_exchange(
             channel, b"{not json\n", b"[1, 2]\n", b"\xff\xfe\n", _request(channel)
         )
@@ -391,8 +397,10 @@ def _send_huge_line(path: Path) -> dict[str, Any]:
         return json.loads(reader.readline())
 
 
-async def test_a_huge_request_line_is_refused_and_the_server_keeps_serving() -> None:
-    async with tool_channel({"test": stdio_server()}) as channel:
+async def test_a_huge_request_line_is_refused_and_the_server_keeps_serving(
+    streamable_http_server: HttpServer,
+) -> None:
+    async with tool_channel({"test": streamable_http_server}) as channel:
         reply = await anyio.to_thread.run_sync(_send_huge_line, channel.tool_server.socket_path)
         (good,) = await _raw_exchange(channel, _request(channel))
     assert reply["error"] == "too_large"
@@ -415,17 +423,19 @@ def _wait_for_a_slot(path: Path, request: bytes) -> dict[str, Any]:
     return reply
 
 
-async def test_connections_beyond_the_limit_wait_until_one_closes() -> None:
-    async with tool_channel({"test": stdio_server()}, max_connections=2) as channel:
+async def test_connections_beyond_the_limit_wait_until_one_closes(streamable_http_server: HttpServer) -> None:
+    async with tool_channel({"test": streamable_http_server}, max_connections=2) as channel:
         reply = await anyio.to_thread.run_sync(
             _wait_for_a_slot, channel.tool_server.socket_path, _request(channel)
         )
     assert reply["ok"] is True
 
 
-async def test_a_flood_of_connections_and_bad_requests_leaves_the_server_serving() -> None:
+async def test_a_flood_of_connections_and_bad_requests_leaves_the_server_serving(
+    streamable_http_server: HttpServer,
+) -> None:
     gate = RecordingGate()
-    async with tool_channel({"test": stdio_server()}, gate, max_connections=8) as channel:
+    async with tool_channel({"test": streamable_http_server}, gate, max_connections=8) as channel:
 
         async def pest(n: int) -> None:
             replies = await _raw_exchange(
@@ -473,21 +483,25 @@ print(asyncio.run(main()))
 """
 
 
-async def test_calls_from_several_threads_of_one_kernel_run_in_parallel() -> None:
-    async with tool_channel({"test": stdio_server()}) as channel:
+async def test_calls_from_several_threads_of_one_kernel_run_in_parallel(
+    streamable_http_server: HttpServer,
+) -> None:
+    async with tool_channel({"test": streamable_http_server}) as channel:
         await channel.call("test", "add", {"a": 1, "b": 1})  # start the server first
         elapsed = float(await channel.run_python(_THREADS))
     assert elapsed < 1.2  # three 0.5 s calls one after another would take 1.5 s
 
 
-async def test_gathered_acall_tool_calls_run_concurrently() -> None:
-    async with tool_channel({"test": stdio_server()}) as channel:
+async def test_gathered_acall_tool_calls_run_concurrently(streamable_http_server: HttpServer) -> None:
+    async with tool_channel({"test": streamable_http_server}) as channel:
         await channel.call("test", "add", {"a": 1, "b": 1})  # start the server first
         elapsed = float(await channel.run_python(_GATHER))
     assert elapsed < 1.2  # three 0.5 s calls one after another would take 1.5 s
 
 
-async def test_approvals_of_parallel_calls_are_pending_at_the_same_time() -> None:
+async def test_approvals_of_parallel_calls_are_pending_at_the_same_time(
+    streamable_http_server: HttpServer,
+) -> None:
     pending: list[ToolCall] = []
     all_pending = anyio.Event()
 
@@ -498,7 +512,7 @@ async def test_approvals_of_parallel_calls_are_pending_at_the_same_time() -> Non
         await all_pending.wait()
 
     code = _GATHER.replace('"slow", {"seconds": 0.5}', '"slow", {"seconds": 0}').replace("0.5 s", "0 s")
-    async with tool_channel({"test": stdio_server()}, gate) as channel:
+    async with tool_channel({"test": streamable_http_server}, gate) as channel:
         await channel.run_python(code)
     assert len({call.seq for call in pending}) == 3
 

@@ -19,22 +19,36 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
-CANARY_URL, MARKER = sys.argv[1], sys.argv[2]
-# Python that creates the marker file if it is ever executed.
-CODE = f"__import__('pathlib').Path({MARKER!r}).touch()"
-BREAKOUTS = [
-    f'"""\n{CODE}\n"""',
-    f"'''\n{CODE}\n'''",
-    f"'); {CODE}; ('",
-    f'"); {CODE}; ("',
-    f"\\\n{CODE}",
-    f"x\r{CODE}",
-    f"x\u2028{CODE}",
-    f"x\x00{CODE}",
-    f"# {CODE}",
-    'ends with a quote "',
-    f"{{{CODE}}}",
-]
+
+
+def payload(marker: str) -> str:
+    """Python that creates the marker file if it is ever executed."""
+    return f"__import__('pathlib').Path({marker!r}).touch()"
+
+
+def breakouts(marker: str) -> list[str]:
+    """Strings that try to end a string literal, docstring or comment, then run the payload."""
+    code = payload(marker)
+    return [
+        f'"""\n{code}\n"""',
+        f"'''\n{code}\n'''",
+        f"'); {code}; ('",
+        f'"); {code}; ("',
+        f"\\\n{code}",
+        f"x\r{code}",
+        f"x\u2028{code}",
+        f"x\x00{code}",
+        f"# {code}",
+        'ends with a quote "',
+        f"{{{code}}}",
+    ]
+
+
+# Imported by the tests for breakouts(); run as a server, it takes its settings from argv.
+CANARY_URL = sys.argv[1] if __name__ == "__main__" else "http://127.0.0.1:9/never"
+MARKER = sys.argv[2] if __name__ == "__main__" else "/nonexistent/marker"
+CODE = payload(MARKER)
+BREAKOUTS = breakouts(MARKER)
 BREAKOUT = "".join(BREAKOUTS)
 
 

@@ -1,0 +1,110 @@
+"""Helpers shared by the code generation tests: test servers, importing generated code, subprocesses."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import uuid
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import anyio
+from anyio.abc import Process
+from anyio.streams.text import TextReceiveStream
+
+REPO = Path(__file__).resolve().parents[1]
+SERVERS = REPO / "tests" / "servers"
+# The throwaway kernel-side stand-in that calls MCP servers directly (see its docstring).
+STANDIN = REPO / "tests" / "codegen_standin"
+EVERYTHING_BIN = REPO / "node_modules" / ".bin" / "mcp-server-everything"
+EVERYTHING_MISSING = (
+    f"server-everything is not installed at {EVERYTHING_BIN}; "
+    "run `npm install --no-save @modelcontextprotocol/server-everything` in the repository"
+)
+# A Python MCP server takes about a second to import mcp and start on a loaded 2-core machine.
+SERVER_START_TIMEOUT = 30.0
+SUBPROCESS_TIMEOUT = 60.0
+
+
+def shapes_params(*args: str) -> dict[str, Any]:
+    """Stdio parameters of the test server with awkward names and nested models."""
+    return {"command": sys.executable, "args": [str(SERVERS / "codegen_shapes.py"), *args]}
+
+
+def everything_params() -> dict[str, Any]:
+    return {"command": str(EVERYTHING_BIN)}
+
+
+def load_package(root: Path, package: str) -> dict[str, ModuleType]:
+    """Import every module of a generated package in this process, under a fresh top-level name.
+
+    A unique alias for ``root`` keeps packages of different tests (all called ``mcptools``) apart.
+    """
+    alias = f"_generated_{uuid.uuid4().hex}"
+    spec = importlib.util.spec_from_file_location(
+        alias, root / "__init__.py", submodule_search_locations=[str(root)]
+    )
+    assert spec is not None and spec.loader is not None
+    top = importlib.util.module_from_spec(spec)
+    sys.modules[alias] = top
+    spec.loader.exec_module(top)
+    modules: dict[str, ModuleType] = {}
+    for path in sorted((root / package).glob("*.py")):
+        name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+        modules[path.stem] = importlib.import_module(f"{alias}.{name}")
+    return modules
+
+
+def package_files(root: Path, package: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((root / package).iterdir()) if p.is_file()}
+
+
+async def run_python(code: str, root: Path, *, env: Mapping[str, str] | None = None) -> str:
+    """Run code in a fresh interpreter that sees the generated package and the kernel stand-in."""
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(STANDIN), str(root.parent)]),
+        "IPYBOX_STANDIN_TOOLS_DIR": str(root),
+        **(env or {}),
+    }
+    with anyio.fail_after(SUBPROCESS_TIMEOUT):
+        result = await anyio.run_process([sys.executable, "-c", code], env=full_env, check=False, cwd=root.parent)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
+async def run_json(code: str, root: Path) -> Any:
+    """`run_python`, for code whose last output line is JSON."""
+    return json.loads((await run_python(code, root)).strip().splitlines()[-1])
+
+
+@asynccontextmanager
+async def http_server(transport: str, *args: str) -> AsyncGenerator[str]:
+    """Start the shapes server over streamable HTTP (``"http"``) or SSE and yield its URL."""
+    process: Process = await anyio.open_process(
+        [sys.executable, str(SERVERS / "codegen_shapes.py"), transport, *args]
+    )
+    try:
+        assert process.stdout is not None
+        with anyio.fail_after(SERVER_START_TIMEOUT):
+            buffer = ""
+            async for chunk in TextReceiveStream(process.stdout):
+                buffer += chunk
+                if "\n" in buffer:
+                    break
+        line = buffer.split("\n", 1)[0]
+        assert line.startswith("URL "), line
+        yield line.removeprefix("URL ")
+    finally:
+        process.terminate()
+        with anyio.move_on_after(SERVER_START_TIMEOUT):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+        await process.aclose()

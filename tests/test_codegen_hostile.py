@@ -1,0 +1,275 @@
+"""A malicious MCP server cannot inject code, fetch anything, or break the generated package."""
+
+from __future__ import annotations
+
+import ast
+import io
+import keyword
+import sys
+import tokenize
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import pytest
+from anyio.abc import SocketStream
+from codegen_support import SERVERS, run_json, run_python
+
+from ipybox._codegen import GenerationReport, generate_package
+from ipybox._modelgen import _parse, _Unsafe, generate_tool_models
+from ipybox._stubs import render_tool_stubs
+
+pytestmark = pytest.mark.anyio
+
+sys.path.insert(0, str(SERVERS))
+import codegen_hostile  # noqa: E402 - the server module defines the payloads the tests look for
+
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    # Module-scoped so the hostile package is generated once for the whole module.
+    return "asyncio"
+
+
+@dataclass
+class Hostile:
+    root: Path
+    report: GenerationReport
+    marker: Path
+    canary_hits: list[str]
+
+    @property
+    def breakouts(self) -> list[str]:
+        return codegen_hostile.breakouts(str(self.marker))
+
+
+@pytest.fixture(scope="module")
+async def hostile(tmp_path_factory: pytest.TempPathFactory) -> AsyncGenerator[Hostile]:
+    base = tmp_path_factory.mktemp("hostile")
+    marker = base / "PWNED"
+    hits: list[str] = []
+
+    async def record(stream: SocketStream) -> None:
+        # Any connection at all means something tried to fetch the canary URL.
+        hits.append("connection")
+        await stream.aclose()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    canary = f"http://127.0.0.1:{port}/schema.json"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, record)
+        params = {"command": sys.executable, "args": [str(SERVERS / "codegen_hostile.py"), canary, str(marker)]}
+        # The generator resolves relative $refs against the working directory; give it a bait file.
+        (base / "secrets.json").write_text('{"x": {"type": "string"}}')
+        with anyio.fail_after(60):
+            report = await generate_package("hostile", params, base / "mcptools")
+        yield Hostile(base / "mcptools", report, marker, hits)
+        tg.cancel_scope.cancel()
+
+
+async def test_hostile_names_become_distinct_plain_identifiers(hostile: Hostile) -> None:
+    modules = hostile.report.modules
+    assert len(set(modules)) == len(modules) == len(hostile.report.sources.tools)
+    for module in modules:
+        assert module.isidentifier() and module.isascii() and not keyword.iskeyword(module)
+        assert not module.startswith("_")
+    # Nothing was written outside the package, whatever the tool names said.
+    assert sorted(p.name for p in hostile.root.iterdir()) == [".ipybox", "__init__.py", "hostile"]
+    assert sorted(p.name for p in (hostile.root / "hostile").iterdir()) == sorted(
+        ["__init__.py", *(f"{m}.py" for m in modules)]
+    )
+
+
+async def test_hostile_names_are_kept_verbatim_for_the_call(hostile: Hostile) -> None:
+    names = {tool.name for tool in hostile.report.sources.tools}
+    assert set(hostile.breakouts) <= names and {"", "__init__", "import", "../../escape", ".hidden"} <= names
+    for tool in hostile.report.sources.tools:
+        tree = ast.parse((hostile.root / "hostile" / f"{tool.module}.py").read_text())
+        calls = [
+            (node.args[0], node.args[1])
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("call_tool")
+        ]
+        assert len(calls) == 2
+        for server, name in calls:
+            assert isinstance(server, ast.Constant) and server.value == "hostile"
+            assert isinstance(name, ast.Constant) and name.value == tool.name
+
+
+async def test_a_tool_listed_twice_keeps_its_first_definition(hostile: Hostile) -> None:
+    source = (hostile.root / "hostile" / "dup.py").read_text()
+    assert "first:" in source and "second" not in source
+
+
+async def test_every_hostile_module_imports_and_no_payload_runs(hostile: Hostile) -> None:
+    code = """
+import importlib, json, pathlib, warnings
+warnings.simplefilter("error")
+import mcptools.hostile as package
+names = sorted(p.stem for p in pathlib.Path(package.__file__).parent.glob("*.py") if p.stem != "__init__")
+for name in names:
+    module = importlib.import_module(f"mcptools.hostile.{name}")
+    assert callable(module.run) and callable(module.arun) and isinstance(module.Params, type)
+print(json.dumps([len(names), package.__doc__.startswith("Typed Python API of MCP server 'hostile'")]))
+"""
+    assert await run_json(code, hostile.root) == [len(hostile.report.modules), True]
+    assert not hostile.marker.exists()
+
+
+async def test_descriptions_and_titles_stay_text(hostile: Hostile) -> None:
+    code = """
+import inspect, json
+from mcptools.hostile import everything
+print(json.dumps([inspect.getdoc(everything), inspect.getdoc(everything.run)]))
+"""
+    module_doc, run_doc = await run_json(code, hostile.root)
+    for text in hostile.breakouts:
+        normalized = text.replace("\r", "\n")
+        assert normalized in module_doc and normalized in run_doc
+    assert not hostile.marker.exists()
+
+
+async def test_hostile_fields_enums_and_defaults_validate_as_data(hostile: Hostile) -> None:
+    code = f"""
+import json
+from mcptools.hostile import everything
+P = everything.Params
+BREAKOUTS = {hostile.breakouts!r}
+data = {{"class": "c", "p0" + BREAKOUTS[0]: "zero", "choice": BREAKOUTS[3], "__class__": 1, "model_config": "m",
+        "": "empty", "node": {{"children": [{{"children": []}}]}}, "root": {{"class": "inner", "p0" + BREAKOUTS[0]: "z"}}}}
+params = P.model_validate(data)
+dumped = params.model_dump(mode="json", by_alias=True, exclude_unset=True)
+defaults = P.model_validate({{"class": "c", "p0" + BREAKOUTS[0]: "z"}})
+print(json.dumps([dumped == data, defaults.choice, defaults.class_, everything.Params2.__name__,
+                  everything.Result.__name__, everything.ResultParams.__name__]))
+"""
+    same, default_choice, class_value, params_def, result, result_params = await run_json(code, hostile.root)
+    assert same and default_choice == hostile.breakouts[0] and class_value == "c"
+    # Definitions named "Params" and "Result" did not take the names of the tool's own models.
+    assert (params_def, result, result_params) == ("Params2", "Result", "ResultParams")
+    assert not hostile.marker.exists()
+
+
+async def test_remote_and_local_refs_are_never_followed(hostile: Hostile) -> None:
+    assert hostile.canary_hits == []
+    notes = next(t.notes for t in hostile.report.sources.tools if t.name == "everything")
+    ignored = [n for n in notes if "ignored (only refs into the schema are used)" in n]
+    assert any("/schema.json" in n for n in ignored)
+    assert any("'/etc/passwd'" in n for n in ignored) and any("'secrets.json#/x'" in n for n in ignored)
+    source = (hostile.root / "hostile" / "everything.py").read_text()
+    assert "root:" in source and "local_file: Any | None" in source and "relative_file: Any | None" in source
+
+
+async def test_schemas_too_deep_or_too_large_fall_back_to_permissive_models(hostile: Hostile) -> None:
+    tools = {t.name: t for t in hostile.report.sources.tools}
+    assert tools["too-deep"].fallbacks == ("Params",) and "nested deeper than" in tools["too-deep"].notes[0]
+    assert tools["too-big"].fallbacks == ("Params",) and "more than 20000 nodes" in tools["too-big"].notes[0]
+    assert tools["everything"].fallbacks == ()
+    code = """
+import json
+from mcptools.hostile import too_deep
+print(json.dumps(too_deep._arguments({"anything": [1, 2], "goes": {"x": None}})))
+"""
+    assert await run_json(code, hostile.root) == {"anything": [1, 2], "goes": {"x": None}}
+
+
+async def test_generation_from_a_hostile_server_finishes_quickly(hostile: Hostile) -> None:
+    assert hostile.report.timings["generate"] < 10.0
+
+
+async def test_a_pattern_that_cannot_compile_is_dropped_and_lookaheads_still_validate(hostile: Hostile) -> None:
+    code = f"""
+import json
+from mcptools.hostile import everything
+required = {{"class": "c", "p0" + {hostile.breakouts[0]!r}: "z"}}
+ok = everything.Params.model_validate({{**required, "bad_pattern": "(", "pattern": "aa"}})
+try:
+    everything.Params.model_validate({{**required, "pattern": "b"}})
+    rejected = False
+except ValueError:
+    rejected = True
+print(json.dumps([ok.bad_pattern, ok.pattern, rejected]))
+"""
+    assert await run_json(code, hostile.root) == ["(", "aa", True]
+    tools = {t.name: t for t in hostile.report.sources.tools}
+    assert any("pattern '(unclosed' ignored" in n for n in tools["everything"].notes)
+
+
+def test_non_object_input_schemas_get_a_permissive_params_model() -> None:
+    models = generate_tool_models({"type": "string"}, None, extra_imports={}, reserved=())
+    assert models.fallbacks == ["Params"] and "does not describe an object" in models.notes[-1]
+    assert models.classes[0].startswith("class Params(BaseModel):")
+
+
+def test_output_schemas_that_are_not_objects_still_get_a_result_model() -> None:
+    models = generate_tool_models(
+        {"type": "object"}, {"type": "array", "items": {"type": "integer"}}, extra_imports={}, reserved=()
+    )
+    assert models.fallbacks == [] and "class Result(RootModel[list[int]]):" in "\n".join(models.classes)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import os\nclass A(BaseModel):\n    x: int",
+        "from os import system\nclass A(BaseModel):\n    x: int",
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    x: '__import__(\"os\").system(\"id\")'",
+        "from pydantic import BaseModel\nfrom typing import Any\nclass A(BaseModel):\n    x: list['os.system']",
+        "from pydantic import BaseModel\nclass A(BaseModel, metaclass=type):\n    x: int",
+        "from pydantic import BaseModel\n@print\nclass A(BaseModel):\n    x: int",
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int = eval('1')",
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int = (lambda: 1)()",
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    x: str = f'{1}'",
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    __init__ = 1",
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    def f(self): pass",
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int = BaseModel.__subclasses__",
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int\nprint(1)",
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int = [i for i in ()]",
+        "from pydantic import BaseModel, Field\nclass A(BaseModel):\n    x: int = Field(**{'a': 1})",
+        "from pydantic import BaseModel, validate_call\nclass A(BaseModel):\n    x: int = validate_call(print)",
+        "from pydantic import BaseModel\nclass _A(BaseModel):\n    x: int",
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int\nclass A(BaseModel):\n    y: int",
+    ],
+)
+def test_generated_code_outside_the_allowlist_is_rejected(source: str) -> None:
+    with pytest.raises(_Unsafe):
+        _parse(source)
+
+
+def test_generated_code_inside_the_allowlist_is_accepted() -> None:
+    source = """
+from __future__ import annotations
+from enum import Enum
+from typing import Annotated, Literal
+from pydantic import BaseModel, ConfigDict, Field, RootModel, conint
+
+class Kind(Enum):
+    a = 'a'
+
+class Node(RootModel[list['Node']]):
+    root: list['Node']
+
+class A(BaseModel):
+    '''Docs.'''
+    model_config = ConfigDict(extra='forbid')
+    x: Annotated[int | None, Field(ge=-1, description='d', alias='class')] = None
+    y: Literal['os.system("x")', 1, None] = 'os.system("x")'
+    z: dict[str, list[Node]] = {'k': [1, 2.5, True, None]}
+    k: Kind = Kind.a
+    c: conint(ge=1) = 1
+"""
+    parsed = _parse(source)
+    assert parsed.classes == ["Kind", "Node", "A"]
+    assert [c.value for c in parsed.forward_refs] == ["Node", "Node"]
+
+
+async def test_stubs_of_a_hostile_package_keep_every_payload_in_comments_and_strings(hostile: Hostile) -> None:
+    stubs = render_tool_stubs(hostile.root)
+    ast.parse(stubs)
+    code_names = {
+        token.string for token in tokenize.generate_tokens(io.StringIO(stubs).readline) if token.type == tokenize.NAME
+    }
+    assert "__import__" not in code_names and "touch" not in code_names

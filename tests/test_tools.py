@@ -1,0 +1,347 @@
+"""MCP tool calls from the sandboxed kernel through CodeExecutor: approval, policies, results.
+
+Real kernel in the real sandbox, generated modules, the project's test MCP server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from pathlib import Path
+
+import anyio
+import pytest
+from servers.fixtures import stdio_server
+
+from ipybox import (
+    ApprovalDecision,
+    ApprovalRequest,
+    ApprovalRules,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    ExecutionLost,
+    HttpServer,
+    StdioServer,
+    UsageError,
+    generate_mcp_sources,
+)
+from ipybox._approval import Approval
+
+pytestmark = pytest.mark.anyio
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tools") / "mcptools"
+    await generate_mcp_sources("test", stdio_server(), root)
+    return root
+
+
+async def collect(
+    executor: CodeExecutor, code: str, decide: dict[str, bool] | None = None, *, reason: str = "no"
+) -> tuple[list[ApprovalRequest], CodeExecutionResult]:
+    """Run code, answering approval requests by tool name (default: accept)."""
+    requests: list[ApprovalRequest] = []
+    result: CodeExecutionResult | None = None
+    async for event in executor.execute(code):
+        if isinstance(event, ApprovalRequest):
+            requests.append(event)
+            if (decide or {}).get(event.tool_name, True):
+                await event.accept()
+            else:
+                await event.reject(reason)
+        elif isinstance(event, CodeExecutionResult):
+            result = event
+    assert result is not None
+    return requests, result
+
+
+@pytest.fixture(scope="module")
+async def asking(tools_dir: Path, module_workspace: Path) -> AsyncGenerator[CodeExecutor]:
+    async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir) as ex:
+        yield ex
+
+
+async def test_an_accepted_call_runs_and_the_request_shows_what_the_host_will_run(asking: CodeExecutor) -> None:
+    code = "from mcptools.test import greet\nprint(greet.run(greet.Params(name='sandbox')))"
+    requests, result = await collect(asking, code)
+    assert result.text == "Hello, sandbox!\n"
+    [request] = requests
+    assert (request.server_name, request.tool_name, dict(request.tool_args)) == ("test", "greet", {"name": "sandbox"})
+    assert "test_server.py" in request.server and "--transport stdio" in request.server
+    assert request.id.endswith(":1") and request.decision == ApprovalDecision(approved=True)
+
+
+async def test_a_rejected_call_raises_tool_call_rejected_that_code_can_catch(asking: CodeExecutor) -> None:
+    code = (
+        "from ipybox_kernel import ToolCallRejected\n"
+        "from mcptools.test import delete_item\n"
+        "try:\n"
+        "    delete_item.run({'item_id': 'a1'})\n"
+        "except ToolCallRejected as e:\n"
+        "    print('caught:', e.reason)"
+    )
+    _, result = await collect(asking, code, {"delete_item": False}, reason="not today")
+    assert result.text == "caught: not today\n"
+
+
+async def test_an_uncaught_rejection_fails_the_execution_with_the_reason(asking: CodeExecutor) -> None:
+    with pytest.raises(CodeExecutionError) as info:
+        await collect(asking, "from mcptools.test import delete_item\ndelete_item.run({'item_id': 'a1'})",
+                      {"delete_item": False}, reason="destructive")  # fmt: skip
+    assert info.value.ename == "ToolCallRejected"
+    assert "destructive" in info.value.evalue
+
+
+async def test_structured_results_validate_into_nested_result_models(asking: CodeExecutor) -> None:
+    code = (
+        "from mcptools.test import compute_stats\n"
+        "r = compute_stats.run(compute_stats.Params(values=[1, 2, 3, 4]))\n"
+        "type(r).__name__, r.model_dump()"
+    )
+    _, result = await collect(asking, code)
+    assert result.text.startswith("('Result', {")
+    assert "'mean': 2.5" in result.text
+
+
+async def test_image_content_from_a_tool_reaches_the_result_images(asking: CodeExecutor) -> None:
+    _, result = await collect(asking, "from mcptools.test import make_image\nmake_image.run({'color': 'blue'})")
+    assert [image.mime for image in result.images] == ["image/png"]
+    assert result.images[0].data.startswith(PNG_MAGIC)
+
+
+async def test_a_tool_error_is_a_readable_exception_naming_server_and_tool(asking: CodeExecutor) -> None:
+    with pytest.raises(CodeExecutionError) as info:
+        await collect(asking, "from mcptools.test import fail\nfail.run({'message': 'boom'})")
+    assert "boom" in info.value.evalue
+    assert "fail" in info.value.evalue and "test" in info.value.evalue
+    assert (await asking.execute("'still working'")).text == "'still working'\n"
+
+
+async def test_an_unknown_server_or_tool_is_a_clear_error_in_the_kernel(asking: CodeExecutor) -> None:
+    code = (
+        "from ipybox_kernel import call_tool, ToolNotFound\n"
+        "for server, tool in [('nope', 'x'), ('test', 'nope')]:\n"
+        "    try:\n"
+        "        call_tool(server, tool, {})\n"
+        "    except ToolNotFound as e:\n"
+        "        print(e)"
+    )
+    _, result = await collect(asking, code)
+    assert "no MCP server named 'nope'" in result.text
+    assert "has no tool named 'nope'" in result.text
+
+
+async def test_parallel_calls_from_threads_in_one_cell_each_get_their_own_approval(asking: CodeExecutor) -> None:
+    code = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from mcptools.test import add\n"
+        "with ThreadPoolExecutor(4) as pool:\n"
+        "    sums = list(pool.map(lambda i: add.run({'a': i, 'b': 100}).result, range(8)))\n"
+        "sums"
+    )
+    requests, result = await collect(asking, code)
+    assert result.text == f"{[i + 100 for i in range(8)]}\n"
+    assert len(requests) == 8
+    assert len({r.id for r in requests}) == 8
+
+
+async def test_asyncio_gather_over_async_wrappers_fans_out(asking: CodeExecutor) -> None:
+    code = (
+        "import asyncio\n"
+        "from mcptools.test import add\n"
+        "results = await asyncio.gather(*(add.arun({'a': i, 'b': i}) for i in range(5)))\n"
+        "[r.result for r in results]"
+    )
+    requests, result = await collect(asking, code)
+    assert result.text == "[0, 2, 4, 6, 8]\n"
+    assert len(requests) == 5
+
+
+async def test_an_awaited_execution_under_ask_rejects_at_once_and_names_the_fix(asking: CodeExecutor) -> None:
+    code = (
+        "from ipybox_kernel import ToolCallRejected\n"
+        "from mcptools.test import greet\n"
+        "try:\n"
+        "    greet.run({'name': 'x'})\n"
+        "except ToolCallRejected as e:\n"
+        "    print(e.reason)"
+    )
+    with anyio.fail_after(30):
+        result = await asking.execute(code)
+    assert "iterate it" in result.text and "approval='auto'" in result.text
+
+
+async def test_answer_by_request_id_is_idempotent(asking: CodeExecutor) -> None:
+    execution = asking.execute("from mcptools.test import lookup\nlookup.run({'key': 'k'})")
+    async for event in execution:
+        if isinstance(event, ApprovalRequest):
+            assert execution.answer(event.id, True) is True
+            assert execution.answer(event.id, False, "too late") is False
+            with pytest.raises(ExecutionLost):
+                execution.answer(f"{execution.id}:99", True)
+    assert (await execution).text == "Result(result='value of k')\n"
+
+
+async def test_waiting_for_approval_does_not_count_against_the_execution_timeout(asking: CodeExecutor) -> None:
+    timeout = 1.0
+    execution = asking.execute("from mcptools.test import greet\ngreet.run({'name': 'late'})", timeout=timeout)
+    async for event in execution:
+        if isinstance(event, ApprovalRequest):
+            # The point of this test is time passing while the approval is pending.
+            await anyio.sleep(timeout * 2)
+            await event.accept()
+    assert (await execution).text == "'Hello, late!'\n"
+
+
+async def test_an_approval_timeout_rejects_with_a_reason(tools_dir: Path, workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, approval_timeout=0.5) as ex:
+        code = (
+            "from ipybox_kernel import ToolCallRejected\nfrom mcptools.test import greet\n"
+            "try:\n    greet.run({'name': 'x'})\nexcept ToolCallRejected as e:\n    print(e.reason)"
+        )
+        seen: list[ApprovalRequest] = []
+        async for event in ex.execute(code):
+            if isinstance(event, ApprovalRequest):
+                seen.append(event)  # and never answered
+            elif isinstance(event, CodeExecutionResult):
+                assert event.text == "no approval decision within 0.5 s\n"
+        assert seen[0].decision is not None and seen[0].decision.by == "timeout"
+
+
+def _not_delete(request: ApprovalRequest) -> bool:
+    return request.tool_name != "delete_item"
+
+
+@pytest.mark.parametrize(
+    ("approval", "expected"),
+    [
+        ("auto", {"lookup": True, "delete_item": True}),
+        (ApprovalRules(allow_read_only=True, otherwise="reject"), {"lookup": True, "delete_item": False}),
+        (ApprovalRules(allow=["test.*"], deny=["test.delete_*"]), {"lookup": True, "delete_item": False}),
+        (_not_delete, {"lookup": True, "delete_item": False}),
+    ],
+    ids=["auto", "read-only rule", "allow and deny globs", "sync callback"],
+)
+async def test_approval_policies_decide_without_asking(
+    tools_dir: Path, workspace: Path, approval: Approval, expected: dict[str, bool]
+) -> None:
+    code = (
+        "from ipybox_kernel import ToolCallRejected, call_tool\n"
+        "outcome = {}\n"
+        "for tool, args in [('lookup', {'key': 'k'}), ('delete_item', {'item_id': 'i'})]:\n"
+        "    try:\n        call_tool('test', tool, args)\n        outcome[tool] = True\n"
+        "    except ToolCallRejected:\n        outcome[tool] = False\n"
+        "import json; print(json.dumps(outcome))"
+    )
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, approval=approval) as ex:
+        result = await ex.execute(code)
+    assert json.loads(result.text) == expected
+
+
+async def test_an_async_callback_policy_sees_the_request(tools_dir: Path, workspace: Path) -> None:
+    seen: list[str] = []
+
+    async def approve(request: ApprovalRequest) -> ApprovalDecision:
+        seen.append(str(request))
+        return ApprovalDecision(approved=False, reason="callback says no")
+
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, approval=approve) as ex:
+        code = (
+            "from ipybox_kernel import ToolCallRejected, call_tool\n"
+            "try:\n    call_tool('test', 'greet', {'name': 'cb'})\nexcept ToolCallRejected as e:\n    print(e.reason)"
+        )
+        assert (await ex.execute(code)).text == "callback says no\n"
+    assert seen == ["test.greet(name='cb')"]
+
+
+async def test_servers_registered_at_run_time_are_callable(
+    workspace: Path, streamable_http_server: HttpServer, sse_server: HttpServer
+) -> None:
+    async with CodeExecutor(workspace=workspace, tools_dir=None, approval="auto") as ex:
+        ex.register_mcp_server("web", streamable_http_server)
+        ex.register_mcp_server("events", sse_server)
+        code = (
+            "from ipybox_kernel import call_tool\n"
+            "web = call_tool('web', 'add', {'a': 1, 'b': 2})\n"
+            "events = call_tool('events', 'add', {'a': 3, 'b': 4})\n"
+            "web.structured, events.structured"
+        )
+        assert (await ex.execute(code)).text == "({'result': 3}, {'result': 7})\n"
+
+
+async def test_the_kernel_cannot_read_the_server_manifest(asking: CodeExecutor, tools_dir: Path) -> None:
+    manifest = tools_dir / ".ipybox" / "servers.json"
+    assert manifest.exists()
+    _, result = await collect(asking, f"import os\nos.path.exists({str(manifest)!r})")
+    assert result.text == "False\n"
+
+
+async def test_the_kernel_cannot_write_to_the_generated_tools(asking: CodeExecutor, tools_dir: Path) -> None:
+    target = tools_dir / "test" / "greet.py"
+    code = f"try:\n    open({str(target)!r}, 'a').write('# pwned')\nexcept OSError as e:\n    print(type(e).__name__)"
+    _, result = await collect(asking, code)
+    assert result.text == "OSError\n"
+    assert "pwned" not in target.read_text()
+
+
+async def test_a_forged_request_from_kernel_code_gets_nothing_run_on_the_host(
+    tools_dir: Path, workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    code = (
+        "import json, os, socket\n"
+        "def send(payload):\n"
+        "    s = socket.socket(socket.AF_UNIX)\n"
+        "    s.connect(os.environ['IPYBOX_TOOL_SOCKET'])\n"
+        "    s.sendall(json.dumps(payload).encode() + b'\\n')\n"
+        "    reply = s.makefile().readline()\n"
+        "    s.close()\n"
+        "    return json.loads(reply)['error']\n"
+        "token = os.environ['IPYBOX_TOOL_TOKEN']\n"
+        "print(send({'token': 'forged-token-xxxxxxxxxxxx', 'seq': 1, 'server': 'test', 'tool': 'greet',"
+        " 'arguments': {'name': 'x'}}))\n"
+        f"print(send({{'token': token, 'seq': 2, 'server': 'evil', 'tool': 'x', 'command': 'touch {marker}'}}))\n"
+        f"print(send({{'token': token, 'seq': 3, 'server': 'evil', 'tool': 'x', 'arguments': {{}}}}))"
+    )
+    calls: list[str] = []
+
+    def approve(request: ApprovalRequest) -> bool:
+        calls.append(str(request))
+        return True
+
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, approval=approve) as ex:
+        result = await ex.execute(code)
+    assert result.text == "unauthorized\nbad_request\nunknown_server\n"
+    assert calls == []
+    assert not marker.exists()
+
+
+async def test_package_installs_from_kernel_code_are_approved_and_importable(tools_dir: Path, workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as ex:
+        requests, result = await collect(ex, "%pip install six==1.16.0\nimport six\nsix.__version__")
+        assert [(r.server_name, r.tool_name, dict(r.tool_args)) for r in requests] == [
+            ("ipybox", "install_package", {"package": "six==1.16.0"})
+        ]
+        assert result.text.endswith("'1.16.0'\n")
+        await ex.reset()
+        assert (await ex.execute("import six; six.__version__")).text == "'1.16.0'\n"
+
+
+async def test_install_refuses_urls_and_options(asking: CodeExecutor) -> None:
+    for spec in ("--index-url=http://evil/ x", "pkg @ https://evil.example/x.whl", ""):
+        with pytest.raises(UsageError):
+            await asking.install(spec)
+
+
+def test_register_mcp_server_needs_a_running_executor(workspace: Path) -> None:
+    with pytest.raises(UsageError, match="running CodeExecutor"):
+        CodeExecutor(workspace=workspace).register_mcp_server("x", StdioServer(command="true"))
+
+
+def test_a_bad_approval_policy_is_a_usage_error(workspace: Path) -> None:
+    with pytest.raises(UsageError, match="approval must be"):
+        CodeExecutor(workspace=workspace, approval="sometimes")  # type: ignore[arg-type]
