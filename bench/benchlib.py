@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 
@@ -99,6 +99,12 @@ class Side(Protocol):
     async def generate(self, server: str, params: dict[str, Any], root: Path) -> list[str]:
         """Generate typed modules for one MCP server under root/<server>/."""
         ...
+
+
+class _Breakdown(Protocol):
+    """Optional `Side.generation_breakdown`: the phases of one generation in ms."""
+
+    def __call__(self, server: str, params: dict[str, Any], root: Path) -> Awaitable[dict[str, float]]: ...
 
 
 def summarize(samples: list[float], *, unit: str = "ms", scale: float = 1000.0, **extra: Any) -> Metric:
@@ -389,6 +395,12 @@ async def _generation(r: _Run) -> bool:
                     tools = await r.side.generate(server, params, r.work / "mcptools")
                 times.append(time.perf_counter() - t0)
             r.metrics[name] = summarize(times, tools=len(tools), first_ms=round(times[0] * 1000, 1))
+            breakdown: object = getattr(r.side, "generation_breakdown", None)
+            if callable(breakdown):
+                # One more, untimed generation, for where the time goes (connect, list, generate, write).
+                with anyio.fail_after(GENERATE_TIMEOUT):
+                    phases = await cast(_Breakdown, breakdown)(server, params, r.work / "mcptools")
+                r.metrics[name]["breakdown_ms"] = phases
             _log(f"{name}: {len(tools)} tools, median {r.metrics[name]['median']:.0f} ms")
             ready = ready or server == BENCH_SERVER
     return ready

@@ -14,6 +14,7 @@ from typing import Any, Literal, cast
 import benchlib
 
 from ipybox import CodeExecutor, generate_mcp_sources
+from ipybox._codegen import generate_package
 
 __all__ = ("OursSide",)
 
@@ -46,6 +47,11 @@ class OursSide:
 
     async def generate(self, server: str, params: dict[str, Any], root: Path) -> list[str]:
         return list(await generate_mcp_sources(server, params, root))
+
+    async def generation_breakdown(self, server: str, params: dict[str, Any], root: Path) -> dict[str, float]:
+        """Phases of one generation in ms, from the report generate_mcp_sources is built on."""
+        report = await generate_package(server, params, root)
+        return {phase: round(seconds * 1000, 1) for phase, seconds in report.timings.items()}
 
 
 async def _make() -> OursSide:
