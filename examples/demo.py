@@ -36,7 +36,7 @@ ACTIONS = [
         """
 import socket, os
 from mcptools.weather import list_cities
-cities = list_cities.run({})
+cities = list_cities.run()
 print("cities:", [c.name for c in cities.result])
 print("network interfaces:", [name for _, name in socket.if_nameindex()])
 print("can read the host's home directory:", os.path.exists(os.path.expanduser("~/.bashrc")))
@@ -58,7 +58,8 @@ print(f"{len(forecasts)} forecasts; warmest: {warmest.city} at {warmest.temperat
 from ipybox_kernel import ToolCallRejected
 from mcptools.weather import send_report
 try:
-    send_report.run(send_report.Params(recipient="team@example.com", subject="Weather", body=f"warmest: {warmest.city}"))
+    report = send_report.Params(recipient="team@example.com", subject="Weather", body=f"warmest: {warmest.city}")
+    send_report.run(report)
 except ToolCallRejected as e:
     print("not sent:", e.reason)
 """,

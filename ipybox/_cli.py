@@ -57,8 +57,8 @@ def _server_params(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_report(report: GenerationReport, root: Path) -> None:
     sources = report.sources
-    where = f"{report.path}{'/' if not str(report.path).endswith('/') else ''}"
-    took = sum(v for k, v in report.timings.items() if k != "connect")
+    where = f"{report.path}/"
+    took = report.timings["total"] - report.timings["connect"]
     status = "wrote" if report.changed else "unchanged"
     print(
         f"{status} {where} from MCP server {report.server_name!r}: {len(sources.tools)} tool modules "
@@ -74,9 +74,7 @@ def _print_report(report: GenerationReport, root: Path) -> None:
         )
     for tool in sources.tools:
         if tool.fallbacks:
-            print(
-                f"permissive {' and '.join(tool.fallbacks)} for tool {tool.name!r}: {'; '.join(tool.notes)}"
-            )
+            print(f"permissive {' and '.join(tool.fallbacks)} for tool {tool.name!r}: {'; '.join(tool.notes)}")
     print(f"server parameters recorded in {root / MANIFEST_DIR / MANIFEST_FILE} (host only)")
 
 
@@ -96,9 +94,7 @@ def _cmd_stubs(args: argparse.Namespace) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ipybox", description="Sandboxed Python code actions with MCP tools."
-    )
+    parser = argparse.ArgumentParser(prog="ipybox", description="Sandboxed Python code actions with MCP tools.")
     commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
     generate = commands.add_parser(
@@ -118,9 +114,7 @@ def _build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--header", action="append", metavar="NAME=VALUE", help="HTTP header for --url")
     generate.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment for a command")
     generate.add_argument("--cwd", help="working directory for a command")
-    generate.add_argument(
-        "--root", default=DEFAULT_ROOT, help=f"the tools directory (default: {DEFAULT_ROOT})"
-    )
+    generate.add_argument("--root", default=DEFAULT_ROOT, help=f"the tools directory (default: {DEFAULT_ROOT})")
     generate.set_defaults(handler=_cmd_generate)
 
     stubs = commands.add_parser(

@@ -91,7 +91,7 @@ class ToolModels:
 
     Attributes:
         imports: Every module-level name the classes (and the caller's ``extra_imports``) need.
-        classes: Class definitions and ``model_rebuild()`` calls, in order, as source text.
+        classes: Class definitions, in order, as source text.
         has_result: True when the tool has an output schema, so a ``Result`` model exists.
         fallbacks: The sides (``"Params"``/``"Result"``) that got a permissive model instead.
         notes: What was dropped or changed on the way, for the generation report.
@@ -147,6 +147,7 @@ def _generate(schema: dict[str, Any], side: Side) -> tuple[str, list[str]]:
     from datamodel_code_generator import generate
 
     # The generator reports questionable schemas as warnings; keep them as notes, never raise them.
+    # (catch_warnings is process-wide: a warning another thread raises meanwhile lands here too.)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         text = generate(schema, config=_config(side))
@@ -271,8 +272,9 @@ class _Checker:
 
 
 def _check_target(name: str, *, field: bool) -> None:
-    # Dunder names in a class body change how the class itself behaves.
-    if name.startswith("__") or (field and name == "model_config"):
+    # Underscore names in a class body are special to Python (dunders), enum (_missing_, _ignore_)
+    # or pydantic (private attributes); the generator renames such fields, so none should appear.
+    if name.startswith("_") or (field and name == "model_config"):
         raise _Unsafe(f"class attribute {name!r}")
 
 
@@ -307,6 +309,8 @@ def _parse(text: str) -> _Parsed:
     classes = [stmt.name for stmt in body if isinstance(stmt, ast.ClassDef)]
     if len(set(classes)) != len(classes):
         raise _Unsafe("a class is defined twice")
+    if shadowing := sorted(set(classes) & set(imports)):
+        raise _Unsafe(f"class {shadowing[0]!r} shadows an import")
     checker = _Checker(imports, classes)
     for stmt in body:
         checker.module_stmt(stmt)
@@ -317,8 +321,7 @@ def _is_base_model(parsed: _Parsed, class_name: str) -> bool:
     for stmt in parsed.body:
         if isinstance(stmt, ast.ClassDef) and stmt.name == class_name:
             return any(
-                isinstance(b, ast.Name) and parsed.imports.get(b.id) == ("pydantic", "BaseModel")
-                for b in stmt.bases
+                isinstance(b, ast.Name) and parsed.imports.get(b.id) == ("pydantic", "BaseModel") for b in stmt.bases
             )
     return False
 
@@ -357,9 +360,7 @@ def _mark_root(parsed: _Parsed, marker: str, description: Any) -> None:
         for call in (n for n in ast.walk(stmt) if isinstance(n, ast.Call)):
             for keyword in list(call.keywords):
                 match keyword:
-                    case ast.keyword(arg="description", value=ast.Constant(value=str(text))) if (
-                        text.strip() == marker
-                    ):
+                    case ast.keyword(arg="description", value=ast.Constant(value=str(text))) if text.strip() == marker:
                         found = stmt.name
                         if original:
                             keyword.value = ast.Constant(value=original)
@@ -397,9 +398,7 @@ def _side(schema: Any, side: Side, notes: list[str], fallbacks: list[Side]) -> _
         # The generator is third-party code run on hostile input; whatever it raises for one tool must
         # not fail the whole server, so this boundary is deliberately broad.
         first = str(exc).split("\n", 1)[0]
-        notes.append(
-            f"{side}: schema not supported ({type(exc).__name__}: {first}); using a permissive model"
-        )
+        notes.append(f"{side}: schema not supported ({type(exc).__name__}: {first}); using a permissive model")
     else:
         return parsed
     fallbacks.append(side)
@@ -467,11 +466,7 @@ def _configure_model(node: ast.ClassDef, imports: dict[str, Import]) -> None:
         value=ast.Call(func=ast.Name(id=config_name, ctx=ast.Load()), args=[], keywords=flags),
         lineno=0,
     )
-    has_doc = (
-        bool(node.body)
-        and isinstance(node.body[0], ast.Expr)
-        and isinstance(node.body[0].value, ast.Constant)
-    )
+    has_doc = bool(node.body) and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
     node.body.insert(1 if has_doc else 0, config)
 
 

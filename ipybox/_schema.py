@@ -122,9 +122,7 @@ class _Cleaner:
                     out[key] = [self.schema(v, here) for v in items]
             elif key == "patternProperties":
                 if entries is not None:
-                    out[key] = {
-                        k: self.schema(v, f"{here}/{k}") for k, v in entries.items() if self._regex(k, here)
-                    }
+                    out[key] = {k: self.schema(v, f"{here}/{k}") for k, v in entries.items() if self._regex(k, here)}
             elif key == "pattern":
                 if self._regex(value, where):
                     out[key] = value
@@ -135,8 +133,7 @@ class _Cleaner:
                 if entries is not None:
                     # Draft 7: each entry is a schema or a list of property names.
                     out[key] = {
-                        k: v if isinstance(v, list) else self.schema(v, f"{here}/{k}")
-                        for k, v in entries.items()
+                        k: v if isinstance(v, list) else self.schema(v, f"{here}/{k}") for k, v in entries.items()
                     }
             elif key in _VALUE_KEYS:
                 out[key] = value

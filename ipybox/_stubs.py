@@ -90,9 +90,7 @@ def _load_server(package_dir: Path) -> _Server | None:
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         except SyntaxError as exc:
-            raise UsageError(
-                f"{str(path)!r} is not valid Python ({exc.msg}); generate its server again"
-            ) from None
+            raise UsageError(f"{str(path)!r} is not valid Python ({exc.msg}); generate its server again") from None
         run = _run_def(tree)
         tool_name = None if run is None else _tool_name(run)
         if tool_name is not None:
@@ -188,9 +186,7 @@ def _render_class(node: ast.ClassDef, indent: str) -> list[str]:
     if root_model is not None:
         return [f"{indent}{node.name} = {_cut(root_model.slice)}{comment}"]
     fields = [s for s in node.body if isinstance(s, ast.AnnAssign)]
-    members = [
-        s for s in node.body if isinstance(s, ast.Assign) and ast.unparse(s.targets[0]) != "model_config"
-    ]
+    members = [s for s in node.body if isinstance(s, ast.Assign) and ast.unparse(s.targets[0]) != "model_config"]
     if not fields and not members:
         return [f"{indent}class {node.name}: ...{comment}"]
     lines = [f"{indent}class {node.name}:{comment}"]
@@ -208,13 +204,12 @@ def _render_tool(tool: _Tool) -> list[str]:
         if isinstance(stmt, ast.ClassDef):
             lines.extend(_render_class(stmt, "    "))
     returns = ast.unparse(run.returns) if run.returns is not None else "str"
-    lines.append(f"    def run(params: Params) -> {returns}: ...")
+    optional = bool(run.args.defaults)
+    lines.append(f"    def run(params: Params{' = Params()' if optional else ''}) -> {returns}: ...")
     return lines
 
 
-def _select(
-    found: Sequence[_Server], servers: Sequence[str] | None, tools: Sequence[str] | None
-) -> list[_Server]:
+def _select(found: Sequence[_Server], servers: Sequence[str] | None, tools: Sequence[str] | None) -> list[_Server]:
     selected = list(found)
     if servers is not None:
         known = {name for s in found for name in (s.name, s.package)}
@@ -260,12 +255,13 @@ def render_tool_stubs(
     Raises:
         UsageError: `root_dir` is not a directory, or a requested server or tool was not generated.
     """
+    for option, names in (("servers", servers), ("tools", tools)):
+        if isinstance(names, str):
+            raise UsageError(f"{option} takes a list of names, got the string {names!r}; pass [{names!r}]")
     root = Path(root_dir)
     if not root.is_dir():
         raise UsageError(f"{str(root)!r} is not a directory; pass the root_dir given to generate_mcp_sources")
-    found = [
-        s for d in sorted(root.iterdir()) if d.is_dir() and d.name.isidentifier() if (s := _load_server(d))
-    ]
+    found = [s for d in sorted(root.iterdir()) if d.is_dir() and d.name.isidentifier() if (s := _load_server(d))]
     blocks: list[str] = []
     for server in _select(found, servers, tools):
         lines = [

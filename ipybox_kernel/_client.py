@@ -107,9 +107,7 @@ class ToolCallTimeout(ToolCallError, TimeoutError):
         timeout: The timeout that was exceeded, in seconds.
     """
 
-    def __init__(
-        self, server_name: str, tool_name: str, message: str, *, timeout: float | None = None
-    ) -> None:
+    def __init__(self, server_name: str, tool_name: str, message: str, *, timeout: float | None = None) -> None:
         super().__init__(server_name, tool_name, message)
         self.timeout = timeout
 
@@ -335,9 +333,7 @@ def _round_trip(
         "arguments": arguments,
     }
     try:
-        line = (
-            json.dumps(request, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode() + b"\n"
-        )
+        line = json.dumps(request, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode() + b"\n"
     except (TypeError, ValueError) as exc:
         raise ToolCallError(
             server_name, tool_name, f"the arguments for tool {tool_name!r} are not JSON-serializable: {exc}"
@@ -400,9 +396,7 @@ def _parse_reply(server_name: str, tool_name: str, line: bytes) -> ToolOutput:
             content=fields.get("content") or [],
         )
     kind = fields.get("error")
-    message = str(
-        fields.get("message") or f"the call to tool {tool_name!r} of MCP server {server_name!r} failed"
-    )
+    message = str(fields.get("message") or f"the call to tool {tool_name!r} of MCP server {server_name!r} failed")
     if kind == "rejected":
         raise ToolCallRejected(server_name, tool_name, message, reason=fields.get("reason"))
     if kind in ("unknown_server", "unknown_tool"):
@@ -435,9 +429,7 @@ def _execution_id() -> str | None:
 def _display_images(output: ToolOutput) -> None:
     """Show image results as cell outputs, so they reach the execution's result."""
     images = [
-        item
-        for item in output.content
-        if item.get("type") == "image" and item.get("mimeType") in _DISPLAYED_IMAGES
+        item for item in output.content if item.get("type") == "image" and item.get("mimeType") in _DISPLAYED_IMAGES
     ]
     if not images:
         return

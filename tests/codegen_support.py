@@ -5,10 +5,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
 import sys
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import ModuleType
@@ -20,8 +19,6 @@ from anyio.streams.text import TextReceiveStream
 
 REPO = Path(__file__).resolve().parents[1]
 SERVERS = REPO / "tests" / "servers"
-# The throwaway kernel-side stand-in that calls MCP servers directly (see its docstring).
-STANDIN = REPO / "tests" / "codegen_standin"
 EVERYTHING_BIN = REPO / "node_modules" / ".bin" / "mcp-server-everything"
 EVERYTHING_MISSING = (
     f"server-everything is not installed at {EVERYTHING_BIN}; "
@@ -41,15 +38,23 @@ def everything_params() -> dict[str, Any]:
     return {"command": str(EVERYTHING_BIN)}
 
 
+def hostile_breakouts(marker: str) -> list[str]:
+    """The strings the hostile test server puts everywhere, for a given marker file."""
+    spec = importlib.util.spec_from_file_location("codegen_hostile", SERVERS / "codegen_hostile.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    breakouts: Callable[[str], list[str]] = module.breakouts
+    return breakouts(marker)
+
+
 def load_package(root: Path, package: str) -> dict[str, ModuleType]:
     """Import every module of a generated package in this process, under a fresh top-level name.
 
     A unique alias for ``root`` keeps packages of different tests (all called ``mcptools``) apart.
     """
     alias = f"_generated_{uuid.uuid4().hex}"
-    spec = importlib.util.spec_from_file_location(
-        alias, root / "__init__.py", submodule_search_locations=[str(root)]
-    )
+    spec = importlib.util.spec_from_file_location(alias, root / "__init__.py", submodule_search_locations=[str(root)])
     assert spec is not None and spec.loader is not None
     top = importlib.util.module_from_spec(spec)
     sys.modules[alias] = top
@@ -65,18 +70,19 @@ def package_files(root: Path, package: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((root / package).iterdir()) if p.is_file()}
 
 
-async def run_python(code: str, root: Path, *, env: Mapping[str, str] | None = None) -> str:
-    """Run code in a fresh interpreter that sees the generated package and the kernel stand-in."""
-    full_env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(STANDIN), str(root.parent)]),
-        "IPYBOX_STANDIN_TOOLS_DIR": str(root),
-        **(env or {}),
-    }
+async def run_python(code: str, root: Path) -> str:
+    """Run code in a sandboxed ipybox kernel that sees the generated package under ``root``.
+
+    Tool calls go the real way: the kernel's ``ipybox_kernel`` stub, the executor's tool server
+    (which starts the servers recorded in the manifest), approved by policy.
+    """
+    from ipybox import CodeExecutor
+
+    workspace = root.parent / f"workspace-{uuid.uuid4().hex[:8]}"
+    workspace.mkdir()
     with anyio.fail_after(SUBPROCESS_TIMEOUT):
-        result = await anyio.run_process([sys.executable, "-c", code], env=full_env, check=False, cwd=root.parent)
-    assert result.returncode == 0, result.stderr.decode()
-    return result.stdout.decode()
+        async with CodeExecutor(workspace=workspace, tools_dir=root, approval="auto") as executor:
+            return (await executor.execute(code)).text
 
 
 async def run_json(code: str, root: Path) -> Any:
@@ -87,9 +93,7 @@ async def run_json(code: str, root: Path) -> Any:
 @asynccontextmanager
 async def http_server(transport: str, *args: str) -> AsyncGenerator[str]:
     """Start the shapes server over streamable HTTP (``"http"``) or SSE and yield its URL."""
-    process: Process = await anyio.open_process(
-        [sys.executable, str(SERVERS / "codegen_shapes.py"), transport, *args]
-    )
+    process: Process = await anyio.open_process([sys.executable, str(SERVERS / "codegen_shapes.py"), transport, *args])
     try:
         assert process.stdout is not None
         with anyio.fail_after(SERVER_START_TIMEOUT):

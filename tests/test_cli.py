@@ -21,7 +21,7 @@ def test_generate_from_a_command_prints_what_it_wrote(tmp_path: Path, capsys: py
     root = tmp_path / "tools"
     assert main(["generate", "shapes", "--root", str(root), "--", sys.executable, SHAPES]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(f"wrote {root / 'shapes'}/ from MCP server 'shapes': 12 tool modules (")
+    assert out[0].startswith(f"wrote {root / 'shapes'}/ from MCP server 'shapes': 13 tool modules (")
     assert "  a_b_2  (tool 'a-b')" in out and "  rate" in out
     assert "renamed: tool 'a-b' -> module 'a_b_2', because 'a_b' is taken by tool 'a_b'" in out
     assert out[-1] == f"server parameters recorded in {root / '.ipybox' / 'servers.json'} (host only)"
@@ -61,7 +61,9 @@ def test_usage_mistakes_exit_2_with_the_fix_in_the_message(
 
 def test_a_server_that_cannot_start_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "gone", "--root", str(tmp_path), "--", str(tmp_path / "missing")]) == 1
-    assert "ipybox: error: cannot generate sources for MCP server 'gone': cannot list its tools" in capsys.readouterr().err
+    assert (
+        "ipybox: error: cannot generate sources for MCP server 'gone': cannot list its tools" in capsys.readouterr().err
+    )
 
 
 def test_stubs_prints_the_stubs_and_their_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,6 +86,6 @@ async def test_generate_from_a_url_with_python_dash_m(transport: str, tmp_path: 
         with anyio.fail_after(SUBPROCESS_TIMEOUT):
             result = await anyio.run_process(argv, check=False)
     assert result.returncode == 0, result.stderr.decode()
-    assert result.stdout.decode().startswith(f"wrote {root / 'remote'}/ from MCP server 'remote': 12 tool modules")
+    assert result.stdout.decode().startswith(f"wrote {root / 'remote'}/ from MCP server 'remote': 13 tool modules")
     stored = load_manifest(root)["remote"].model_dump()
     assert stored["url"] == url and stored["type"] == ("sse" if transport == "sse" else "streamable-http")

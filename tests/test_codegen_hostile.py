@@ -14,17 +14,13 @@ from pathlib import Path
 import anyio
 import pytest
 from anyio.abc import SocketStream
-from codegen_support import SERVERS, run_json, run_python
+from codegen_support import SERVERS, hostile_breakouts, run_json
 
 from ipybox._codegen import GenerationReport, generate_package
 from ipybox._modelgen import _parse, _Unsafe, generate_tool_models
 from ipybox._stubs import render_tool_stubs
 
 pytestmark = pytest.mark.anyio
-
-sys.path.insert(0, str(SERVERS))
-import codegen_hostile  # noqa: E402 - the server module defines the payloads the tests look for
-
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +38,7 @@ class Hostile:
 
     @property
     def breakouts(self) -> list[str]:
-        return codegen_hostile.breakouts(str(self.marker))
+        return hostile_breakouts(str(self.marker))
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +57,10 @@ async def hostile(tmp_path_factory: pytest.TempPathFactory) -> AsyncGenerator[Ho
     canary = f"http://127.0.0.1:{port}/schema.json"
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, record)
-        params = {"command": sys.executable, "args": [str(SERVERS / "codegen_hostile.py"), canary, str(marker)]}
+        params = {
+            "command": sys.executable,
+            "args": [str(SERVERS / "codegen_hostile.py"), canary, str(marker)],
+        }
         # The generator resolves relative $refs against the working directory; give it a bait file.
         (base / "secrets.json").write_text('{"x": {"type": "string"}}')
         with anyio.fail_after(60):
@@ -91,7 +90,9 @@ async def test_hostile_names_are_kept_verbatim_for_the_call(hostile: Hostile) ->
         calls = [
             (node.args[0], node.args[1])
             for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("call_tool")
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr.endswith("call_tool")
         ]
         assert len(calls) == 2
         for server, name in calls:
@@ -138,8 +139,11 @@ import json
 from mcptools.hostile import everything
 P = everything.Params
 BREAKOUTS = {hostile.breakouts!r}
-data = {{"class": "c", "p0" + BREAKOUTS[0]: "zero", "choice": BREAKOUTS[3], "__class__": 1, "model_config": "m",
-        "": "empty", "node": {{"children": [{{"children": []}}]}}, "root": {{"class": "inner", "p0" + BREAKOUTS[0]: "z"}}}}
+data = {{
+    "class": "c", "p0" + BREAKOUTS[0]: "zero", "choice": BREAKOUTS[3], "__class__": 1, "model_config": "m",
+    "": "empty", "node": {{"children": [{{"children": []}}]}},
+    "root": {{"class": "inner", "p0" + BREAKOUTS[0]: "z"}},
+}}
 params = P.model_validate(data)
 dumped = params.model_dump(mode="json", by_alias=True, exclude_unset=True)
 defaults = P.model_validate({{"class": "c", "p0" + BREAKOUTS[0]: "z"}})
@@ -180,7 +184,9 @@ async def test_generation_from_a_hostile_server_finishes_quickly(hostile: Hostil
     assert hostile.report.timings["generate"] < 10.0
 
 
-async def test_a_pattern_that_cannot_compile_is_dropped_and_lookaheads_still_validate(hostile: Hostile) -> None:
+async def test_a_pattern_that_cannot_compile_is_dropped_and_lookaheads_still_validate(
+    hostile: Hostile,
+) -> None:
     code = f"""
 import json
 from mcptools.hostile import everything
@@ -216,8 +222,8 @@ def test_output_schemas_that_are_not_objects_still_get_a_result_model() -> None:
     [
         "import os\nclass A(BaseModel):\n    x: int",
         "from os import system\nclass A(BaseModel):\n    x: int",
-        "from pydantic import BaseModel\nclass A(BaseModel):\n    x: '__import__(\"os\").system(\"id\")'",
-        "from pydantic import BaseModel\nfrom typing import Any\nclass A(BaseModel):\n    x: list['os.system']",
+        'from pydantic import BaseModel\nclass A(BaseModel):\n    x: \'__import__("os").system("id")\'',
+        "from pydantic import BaseModel\nclass A(BaseModel):\n    x: list['os.system']",
         "from pydantic import BaseModel\nclass A(BaseModel, metaclass=type):\n    x: int",
         "from pydantic import BaseModel\n@print\nclass A(BaseModel):\n    x: int",
         "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int = eval('1')",
@@ -229,9 +235,10 @@ def test_output_schemas_that_are_not_objects_still_get_a_result_model() -> None:
         "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int\nprint(1)",
         "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int = [i for i in ()]",
         "from pydantic import BaseModel, Field\nclass A(BaseModel):\n    x: int = Field(**{'a': 1})",
-        "from pydantic import BaseModel, validate_call\nclass A(BaseModel):\n    x: int = validate_call(print)",
+        "from pydantic import BaseModel, validate_call\nclass A(BaseModel):\n    x: int = validate_call(id)",
         "from pydantic import BaseModel\nclass _A(BaseModel):\n    x: int",
         "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int\nclass A(BaseModel):\n    y: int",
+        "from pydantic import BaseModel\nfrom typing import Any\nclass Any(BaseModel):\n    x: int",
     ],
 )
 def test_generated_code_outside_the_allowlist_is_rejected(source: str) -> None:
@@ -266,7 +273,9 @@ class A(BaseModel):
     assert [c.value for c in parsed.forward_refs] == ["Node", "Node"]
 
 
-async def test_stubs_of_a_hostile_package_keep_every_payload_in_comments_and_strings(hostile: Hostile) -> None:
+async def test_stubs_of_a_hostile_package_keep_every_payload_in_comments_and_strings(
+    hostile: Hostile,
+) -> None:
     stubs = render_tool_stubs(hostile.root)
     ast.parse(stubs)
     code_names = {

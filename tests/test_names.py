@@ -88,7 +88,20 @@ def test_duplicate_names_count_once() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ['"""', 'a"', '""""""', "\\", "\\n", "x\r\ny", "x\x00y", "x\u2028y", "'''", 'a"""b"""', "tab\there", "é ✓"],
+    [
+        '"""',
+        'a"',
+        '""""""',
+        "\\",
+        "\\n",
+        "x\r\ny",
+        "x\x00y",
+        "x\u2028y",
+        "'''",
+        'a"""b"""',
+        "tab\there",
+        "é ✓",
+    ],
 )
 def test_docstring_literals_evaluate_to_exactly_their_text(text: str) -> None:
     literal = docstring_literal(text)

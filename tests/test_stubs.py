@@ -83,6 +83,8 @@ async def test_unknown_servers_and_tools_are_usage_errors(root: Path, tmp_path: 
         render_tool_stubs(root, servers=["nope"])
     with pytest.raises(UsageError, match=r"no generated module for tool\(s\) 'nope'"):
         render_tool_stubs(root, tools=["rate", "nope"])
+    with pytest.raises(UsageError, match=r"tools takes a list of names, got the string 'rate'; pass \['rate'\]"):
+        render_tool_stubs(root, tools="rate")
     with pytest.raises(UsageError, match="is not a directory"):
         render_tool_stubs(tmp_path / "missing")
     assert render_tool_stubs(tmp_path) == ""

@@ -345,3 +345,9 @@ def test_register_mcp_server_needs_a_running_executor(workspace: Path) -> None:
 def test_a_bad_approval_policy_is_a_usage_error(workspace: Path) -> None:
     with pytest.raises(UsageError, match="approval must be"):
         CodeExecutor(workspace=workspace, approval="sometimes")  # type: ignore[arg-type]
+
+
+async def test_a_tool_without_required_arguments_is_called_as_run_with_nothing(asking: CodeExecutor) -> None:
+    requests, result = await collect(asking, "from mcptools.test import get_time\ntype(get_time.run()).__name__")
+    assert result.text == "'Result'\n"
+    assert [(r.tool_name, dict(r.tool_args)) for r in requests] == [("get-time", {})]

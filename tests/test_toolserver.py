@@ -192,9 +192,7 @@ async def test_a_call_past_the_call_timeout_raises_a_timeout_naming_server_and_t
 ) -> None:
     async with tool_channel({"test": streamable_http_server}, call_timeout=0.5) as channel:
         started = time.monotonic()
-        slow, after = await channel.calls(
-            ("test", "slow", {"seconds": 30}), ("test", "add", {"a": 1, "b": 2})
-        )
+        slow, after = await channel.calls(("test", "slow", {"seconds": 30}), ("test", "add", {"a": 1, "b": 2}))
         elapsed = time.monotonic() - started
     assert slow["error"] == "ToolCallTimeout"
     assert slow["timeout"] == 0.5
@@ -284,9 +282,7 @@ async def test_the_everything_server_answers_through_the_tool_server() -> None:
     if not binary.exists():
         pytest.skip("node_modules is absent; run `npm ci` in the repository root")
     gate = RecordingGate()
-    async with tool_channel(
-        {"everything": StdioServer(command=str(binary), args=("stdio",))}, gate
-    ) as channel:
+    async with tool_channel({"everything": StdioServer(command=str(binary), args=("stdio",))}, gate) as channel:
         outcome = await channel.call("everything", "get-sum", {"a": 2, "b": 40})
     assert "42" in outcome["text"]
     assert gate.calls[0].annotations is not None and gate.calls[0].annotations["readOnlyHint"] is True
@@ -366,11 +362,7 @@ async def test_requests_that_carry_a_command_url_or_env_are_refused(tmp_path: Pa
             _request(channel, seq="1"),
         )
     assert [reply["error"] for reply in replies] == ["bad_request"] * 5
-    assert (
-        "command" in replies[0]["message"]
-        and "url" in replies[1]["message"]
-        and "env" in replies[2]["message"]
-    )
+    assert "command" in replies[0]["message"] and "url" in replies[1]["message"] and "env" in replies[2]["message"]
     assert gate.calls == []
     assert not started.exists()
 
@@ -425,9 +417,7 @@ def _wait_for_a_slot(path: Path, request: bytes) -> dict[str, Any]:
 
 async def test_connections_beyond_the_limit_wait_until_one_closes(streamable_http_server: HttpServer) -> None:
     async with tool_channel({"test": streamable_http_server}, max_connections=2) as channel:
-        reply = await anyio.to_thread.run_sync(
-            _wait_for_a_slot, channel.tool_server.socket_path, _request(channel)
-        )
+        reply = await anyio.to_thread.run_sync(_wait_for_a_slot, channel.tool_server.socket_path, _request(channel))
     assert reply["ok"] is True
 
 
@@ -438,9 +428,7 @@ async def test_a_flood_of_connections_and_bad_requests_leaves_the_server_serving
     async with tool_channel({"test": streamable_http_server}, gate, max_connections=8) as channel:
 
         async def pest(n: int) -> None:
-            replies = await _raw_exchange(
-                channel, b"nonsense\n", _request(channel, token="wrong-token-" + str(n))
-            )
+            replies = await _raw_exchange(channel, b"nonsense\n", _request(channel, token="wrong-token-" + str(n)))
             assert [reply["error"] for reply in replies] == ["bad_request", "unauthorized"]
 
         with anyio.fail_after(60):

@@ -20,7 +20,6 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 
-
 def payload(marker: str) -> str:
     """Python that creates the marker file if it is ever executed."""
     return f"__import__('pathlib').Path({marker!r}).touch()"
@@ -163,9 +162,7 @@ def tools() -> list[types.Tool]:
         tool("dup", {"type": "object", "properties": {"first": {"type": "string"}}}),
         tool("dup", {"type": "object", "properties": {"second": {"type": "string"}}}),
         tool("too-deep", deep_schema(70)),
-        tool(
-            "too-big", {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(30_000)}}
-        ),
+        tool("too-big", {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(30_000)}}),
         tool("contradiction", {"type": "object", "allOf": [{"type": "string"}, {"type": "integer"}]}),
     ]
 

@@ -18,7 +18,7 @@ from typing import Literal
 import anyio
 import uvicorn
 from mcp.server.mcpserver import MCPServer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class In:
@@ -51,24 +51,31 @@ class Rating(BaseModel):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
+class Trip(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    from_: str = Field(alias="from", description="Where the trip starts")
+    to: str
+
+
 class Weather(BaseModel):
     temperature: float = Field(description="Degrees Celsius")
     conditions: Literal["sunny", "cloudy", "rain"]
 
 
 def build(variant: str | None) -> MCPServer:
-    server = MCPServer(
-        "codegen-shapes", version="1.0", instructions="Tools with awkward names and nested models."
-    )
+    server = MCPServer("codegen-shapes", version="1.0", instructions="Tools with awkward names and nested models.")
     if variant == "empty":
         return server
 
     @server.tool(name="rate", description="Rate an order.\n\nReturns a score per line.")
     def rate(items: list[In.Item], ship_to: Address, rush: bool = False) -> Rating:
         scored = [Out.Item(label=f"{i.sku}x{i.qty}", score=i.qty * (2.0 if rush else 1.0)) for i in items]
-        return Rating(
-            total=sum(s.score for s in scored), items=scored, ship_to=ship_to, tags={"rush": str(rush)}
-        )
+        return Rating(total=sum(s.score for s in scored), items=scored, ship_to=ship_to, tags={"rush": str(rush)})
+
+    @server.tool(name="book", description="Book a trip; its fields are Python keywords.")
+    def book(trip: Trip) -> str:
+        return f"{trip.from_}->{trip.to}"
 
     @server.tool(name="get-weather", title="Weather", description="Current weather in a city.")
     def get_weather(city: str) -> Weather:

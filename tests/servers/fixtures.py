@@ -127,9 +127,7 @@ def server_params(request: pytest.FixtureRequest) -> StdioServer | HttpServer:
     """The test server's parameters, once per transport."""
     if request.param == "stdio":
         return stdio_server()
-    return request.getfixturevalue(
-        "streamable_http_server" if request.param == "streamable-http" else "sse_server"
-    )
+    return request.getfixturevalue("streamable_http_server" if request.param == "streamable-http" else "sse_server")
 
 
 @dataclass
@@ -184,9 +182,7 @@ class Channel:
             )
         return result.stdout.decode()
 
-    async def calls(
-        self, *calls: tuple[Any, ...], env: Mapping[str, str] | None = None
-    ) -> list[dict[str, Any]]:
+    async def calls(self, *calls: tuple[Any, ...], env: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
         """Make tool calls ``(server, tool, arguments)`` from one stand-in kernel; return their outcomes.
 
         An outcome is ``{"structured", "text", "content"}`` or ``{"error": <class name>, "message", ...}``.
@@ -211,9 +207,7 @@ async def tool_channel(
     with tempfile.TemporaryDirectory(prefix="ipybox-") as directory:
         token = secrets.token_urlsafe(24)
         socket_path = Path(directory) / "tools.sock"
-        tool_server = ToolServer(
-            socket_path=socket_path, token=token, gate=gate or RecordingGate(), **options
-        )
+        tool_server = ToolServer(socket_path=socket_path, token=token, gate=gate or RecordingGate(), **options)
         for name, params in servers.items():
             tool_server.register(name, params)
         env = {**os.environ, "IPYBOX_TOOL_SOCKET": str(socket_path), "IPYBOX_TOOL_TOKEN": token}

@@ -79,12 +79,7 @@ def png_bytes(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
 
     rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
 
 
 def build_server() -> MCPServer:
@@ -114,9 +109,7 @@ def build_server() -> MCPServer:
         """Count, mean and range of some numbers."""
         if not values:
             raise ToolError("values must not be empty")
-        return Stats(
-            count=len(values), mean=sum(values) / len(values), range=Range(min=min(values), max=max(values))
-        )
+        return Stats(count=len(values), mean=sum(values) / len(values), range=Range(min=min(values), max=max(values)))
 
     @server.tool()
     def add(a: int, b: int) -> int:
