@@ -2,7 +2,7 @@
 
 ``ipybox generate NAME -- COMMAND ARGS...`` and ``ipybox generate NAME --url URL [--transport sse]``
 write the typed package of an MCP server; ``ipybox stubs`` prints the prompt stubs of generated
-packages. Each subcommand is a ``_cmd_*`` function registered in `_build_parser`.
+packages; ``ipybox mcp`` serves ipybox over MCP. Each subcommand is a ``_cmd_*`` function registered in `_build_parser`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import anyio
 from ._codegen import GenerationReport, generate_package
 from ._exceptions import IpyboxError, UsageError
 from ._manifest import MANIFEST_DIR, MANIFEST_FILE
+from ._mcp_config import add_arguments as add_mcp_arguments
 from ._stubs import render_tool_stubs
 
 __all__ = ("main",)
@@ -93,6 +94,13 @@ def _cmd_stubs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_mcp(args: argparse.Namespace) -> int:
+    # Imported here: the MCP server stack is only needed by this subcommand.
+    from .mcp_server import run_parsed
+
+    return run_parsed(args)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ipybox", description="Sandboxed Python code actions with MCP tools.")
     commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
@@ -126,6 +134,12 @@ def _build_parser() -> argparse.ArgumentParser:
     stubs.add_argument("--server", action="append", help="only this server (repeatable)")
     stubs.add_argument("--tool", action="append", help="only this tool (repeatable)")
     stubs.set_defaults(handler=_cmd_stubs)
+
+    mcp = commands.add_parser(
+        "mcp", help="serve ipybox over MCP (stdio or streamable HTTP) for MCP clients such as Claude Code"
+    )
+    add_mcp_arguments(mcp)
+    mcp.set_defaults(handler=_cmd_mcp)
     return parser
 
 

@@ -37,7 +37,7 @@ from ._exceptions import (
 )
 from ._execution import Execution
 from ._kernel import Display, Error, Kernel, KernelEvent, Limits, Reply, Stream, default_python, strip_ansi
-from ._manifest import load_manifest
+from ._manifest import MANIFEST_DIR, load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._packages import install_package
 from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
@@ -145,27 +145,40 @@ class CodeExecutor:
     async def __aenter__(self) -> Self:
         if self._stack is not None:
             raise UsageError("this CodeExecutor is already running; create a new one")
-        async with AsyncExitStack() as stack:
-            # Private to this executor: the tool socket and the packages installed for the kernel.
-            self._home = Path(tempfile.mkdtemp(prefix="ipybox-"))
-            stack.callback(shutil.rmtree, self._home, ignore_errors=True)
-            (self._home / "packages").mkdir()
-            self._tools = ToolServer(
-                socket_path=self._home / "tools.sock",
-                token=self._token,
-                gate=self._gate,
-                call_timeout=self.tool_timeout,
-            )
-            self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
-            if self.tools_dir is not None and self.tools_dir.is_dir():
-                for name, params in load_manifest(self.tools_dir).items():
-                    self._tools.register(name, params)
-            self._tg = await stack.enter_async_context(anyio.create_task_group())
-            stack.callback(self._tg.cancel_scope.cancel)
-            await self._tg.start(self._tools.run)
-            await self._tg.start(self._run_kernels)
-            self._stack = stack.pop_all()
+        stack = AsyncExitStack()
+        try:
+            await self._start(stack)
+        except BaseException:
+            # Unwind without passing the error into the task group, which would wrap it in an
+            # ExceptionGroup: the caller gets KernelStartError (or whatever failed) as it is.
+            self._tg = None
+            await stack.aclose()
+            raise
+        self._stack = stack
         return self
+
+    async def _start(self, stack: AsyncExitStack) -> None:
+        # Private to this executor: the tool socket and the packages installed for the kernel.
+        self._home = Path(tempfile.mkdtemp(prefix="ipybox-"))
+        stack.callback(shutil.rmtree, self._home, ignore_errors=True)
+        (self._home / "packages").mkdir()
+        self._tools = ToolServer(
+            socket_path=self._home / "tools.sock",
+            token=self._token,
+            gate=self._gate,
+            call_timeout=self.tool_timeout,
+        )
+        self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
+        if self.tools_dir is not None and self.tools_dir.is_dir():
+            # Exists before the kernel starts, so it is hidden even when sources are generated
+            # (and the manifest written) while the kernel runs: the mount is live.
+            (self.tools_dir / MANIFEST_DIR).mkdir(mode=0o700, exist_ok=True)
+            for name, params in load_manifest(self.tools_dir).items():
+                self._tools.register(name, params)
+        self._tg = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(self._tg.cancel_scope.cancel)
+        await self._tg.start(self._tools.run)
+        await self._tg.start(self._run_kernels)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -219,8 +232,8 @@ class CodeExecutor:
     def _hidden_paths(self) -> list[Path]:
         tools = self._mounted_tools_dir()
         # The manifest holds server parameters (commands, URLs, maybe secrets): host only.
-        if tools is not None and (tools / ".ipybox").is_dir():
-            return [tools / ".ipybox"]
+        if tools is not None and (tools / MANIFEST_DIR).is_dir():
+            return [tools / MANIFEST_DIR]
         return []
 
     async def _run_kernels(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:

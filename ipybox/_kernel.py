@@ -67,12 +67,15 @@ class Limits:
         open_files: Open file descriptors (RLIMIT_NOFILE).
         output_chars: Characters of output one execution may return; the rest is dropped and
             counted in ``CodeExecutionResult.truncated_chars``.
+        tmp_bytes: Size of the sandbox's private ``/tmp`` and ``/dev/shm`` each (they live in host
+            memory).
     """
 
     memory: int | None = 4 * 1024**3
     cpu_seconds: int | None = None
     open_files: int | None = 1024
     output_chars: int = 1_000_000
+    tmp_bytes: int | None = 1024**3
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +197,14 @@ class Kernel:
                     argv += [flag, str(value)]
             if sandbox is not None:
                 argv = [
-                    *bwrap_argv(sandbox, workspace=workspace, run_dir=run_dir, tools_dir=tools_dir, hidden=hidden),
+                    *bwrap_argv(
+                        sandbox,
+                        workspace=workspace,
+                        run_dir=run_dir,
+                        tools_dir=tools_dir,
+                        hidden=hidden,
+                        tmp_size=limits.tmp_bytes,
+                    ),
                     *argv,
                 ]
             process = await anyio.open_process(
@@ -210,6 +220,7 @@ class Kernel:
             client.load_connection_file(connection_file)
             client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
             kernel = cls(process, client, run_dir)
+            failure: KernelStartError | None = None
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(kernel._watch_process)
@@ -220,15 +231,23 @@ class Kernel:
                         with anyio.fail_after(start_timeout):
                             await kernel._wait_ready()
                     except TimeoutError:
-                        raise KernelStartError(
-                            f"the kernel did not become ready within {start_timeout:g} s",
-                            output=kernel.stderr_tail(),
-                        ) from None
-                    try:
-                        yield kernel
-                    finally:
+                        failure = KernelStartError(
+                            f"the kernel did not become ready within {start_timeout:g} s", output=kernel.stderr_tail()
+                        )
+                    except KernelStartError as exc:
+                        failure = exc
+                    if failure is not None:
+                        # Raised after the task group has closed, so it is not wrapped in a group.
                         kernel.kill()
                         tg.cancel_scope.cancel()
+                    else:
+                        try:
+                            yield kernel
+                        finally:
+                            kernel.kill()
+                            tg.cancel_scope.cancel()
+                if failure is not None:
+                    raise failure
             finally:
                 kernel.kill()
                 with anyio.CancelScope(shield=True):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ from ._exceptions import SandboxUnavailable, UsageError
 
 __all__ = ("SandboxConfig", "bwrap_argv", "resolve_sandbox")
 
-# Files under /etc that hold secrets readable by root; the sandbox sees empty files instead.
+# Secrets under /etc that are world-readable on some systems; masked whatever their mode.
 _ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "security/opasswd")
 _ETC_SECRET_DIRS = ("ssh", "ssl/private", "sudoers.d")
 # Top-level system directories; on merged-/usr systems most are symlinks into /usr.
@@ -108,6 +109,29 @@ def _check_bwrap() -> None:
         )
 
 
+def _etc_secrets() -> tuple[list[str], list[str]]:
+    """Files and directories under /etc to mask: the known secrets, and everything that is not
+    world-readable. The kernel reads as the host's root, so file modes alone would not stop it."""
+    files = [f"/etc/{name}" for name in _ETC_SECRETS if os.path.isfile(f"/etc/{name}")]
+    dirs = [f"/etc/{name}" for name in _ETC_SECRET_DIRS if os.path.isdir(f"/etc/{name}")]
+    pending = ["/etc"]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                (pending if info.st_mode & stat.S_IROTH else dirs).append(entry.path)
+            elif stat.S_ISREG(info.st_mode) and not info.st_mode & stat.S_IROTH:
+                files.append(entry.path)
+    return sorted(set(files)), sorted(set(dirs) - set(files))
+
+
 def _isolation_flags() -> list[str]:
     return [
         "--die-with-parent",
@@ -143,6 +167,7 @@ def bwrap_argv(
     run_dir: Path,
     tools_dir: Path | None,
     hidden: Sequence[Path] = (),
+    tmp_size: int | None = None,
 ) -> list[str]:
     """The bwrap command line that runs a program with the given mounts (the program follows ``--``)."""
     argv = [_bwrap_path(), *_isolation_flags()]
@@ -154,14 +179,17 @@ def bwrap_argv(
     argv += ["--ro-bind", "/etc", "/etc"]
     empty = run_dir / "empty"
     empty.touch()
-    for name in _ETC_SECRETS:
-        if os.path.isfile(f"/etc/{name}"):
-            # An empty regular file: a device node like /dev/null would be unreadable (nodev).
-            argv += ["--ro-bind", str(empty), f"/etc/{name}"]
-    for name in _ETC_SECRET_DIRS:
-        if os.path.isdir(f"/etc/{name}"):
-            argv += ["--tmpfs", f"/etc/{name}"]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    files, dirs = _etc_secrets()
+    for path in files:
+        # An empty regular file: a device node like /dev/null would be unreadable (nodev).
+        argv += ["--ro-bind", str(empty), path]
+    for path in dirs:
+        argv += ["--tmpfs", path]
+    # /tmp and /dev/shm are tmpfs, held in host memory: cap them, and make the rest of the /dev
+    # tmpfs read-only (device nodes stay usable), or a write there could fill the host's RAM.
+    size = ["--size", str(tmp_size)] if tmp_size is not None else []
+    argv += ["--dev", "/dev", *size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    argv += ["--proc", "/proc", *size, "--tmpfs", "/tmp"]
     for root in _python_roots():
         argv += ["--ro-bind", str(root), str(root)]
     for path in config.ro_paths:

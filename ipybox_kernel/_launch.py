@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
+import traceback
 from typing import Any, cast
 
 # Marks the display message that reports how much output the kernel dropped for one execution.
@@ -111,6 +113,18 @@ def main(argv: list[str] | None = None) -> None:
     from ipykernel.kernelapp import IPKernelApp
 
     app: Any = IPKernelApp.instance()
+    try:
+        _initialize(app, rest, ours.output)
+    except BaseException:
+        # ipykernel may have started threads already; they would keep a half-initialized kernel
+        # alive forever. Report and leave now (the host shows this output in KernelStartError).
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    app.start()
+
+
+def _initialize(app: Any, rest: list[str], output: int | None) -> None:
     app.initialize(
         [
             *rest,
@@ -120,11 +134,10 @@ def main(argv: list[str] | None = None) -> None:
         ]
     )
     app.shell.register_magic_function(_pip_magic, "line", "pip")
-    if ours.output is not None:
-        guard = _OutputGuard(app.session, ours.output)
+    if output is not None:
+        guard = _OutputGuard(app.session, output)
         app.shell.events.register("pre_execute", guard.reset)
         app.shell.events.register("post_execute", guard.report)
-    app.start()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from ipybox import (
     CodeExecutor,
     ExecutionTimeout,
     KernelDied,
+    KernelStartError,
     Limits,
     UsageError,
 )
@@ -326,3 +327,11 @@ def test_a_missing_bwrap_refuses_to_start_and_names_the_install_and_the_opt_out(
     )
     assert "apt-get install bubblewrap" in done.stdout
     assert "sandbox=None" in done.stdout
+
+
+async def test_a_kernel_that_cannot_start_raises_kernel_start_error_with_its_output(workspace: Path) -> None:
+    # 64 MiB of address space is too little for Python to import ipykernel.
+    with pytest.raises(KernelStartError, match="exited during start-up") as info:
+        async with CodeExecutor(workspace=workspace, limits=Limits(memory=64 * 1024**2)):
+            pass
+    assert "can't start new thread" in info.value.output

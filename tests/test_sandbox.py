@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox import CodeExecutor, SandboxConfig, UsageError
+from ipybox import CodeExecutor, Limits, SandboxConfig, UsageError
 
 pytestmark = pytest.mark.anyio
 
@@ -162,3 +162,34 @@ def test_sandbox_paths_must_be_absolute_and_exist(tmp_path: Path) -> None:
 async def test_a_bad_sandbox_argument_is_a_usage_error(workspace: Path) -> None:
     with pytest.raises(UsageError, match="sandbox must be"):
         CodeExecutor(workspace=workspace, sandbox="docker")  # type: ignore[arg-type]
+
+
+async def test_the_private_tmp_and_dev_shm_are_capped_and_dev_is_read_only(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, limits=Limits(tmp_bytes=4 * 1024**2)) as ex:
+        code = (
+            "import os\n"
+            "def fill(path):\n"
+            "    try:\n"
+            "        with open(path, 'wb') as f:\n"
+            "            for _ in range(64):\n"
+            "                f.write(b'x' * 1024**2)\n"
+            "        return 'filled'\n"
+            "    except OSError as e:\n"
+            "        return type(e).__name__ + ' ' + str(e.errno)\n"
+            "print(fill('/tmp/big'), fill('/dev/shm/big'), fill('/dev/big'))\n"
+            "print(open('/dev/null', 'w').write('ok'))"
+        )
+        result = await ex.execute(code)
+    assert result.text == "OSError 28 OSError 28 OSError 30\n2\n"
+
+
+async def test_files_in_etc_that_are_not_world_readable_are_masked(workspace: Path) -> None:
+    planted = Path("/etc") / f"ipybox-test-{id(workspace)}.key"
+    planted.write_text("root-only secret")
+    try:
+        planted.chmod(0o600)
+        async with CodeExecutor(workspace=workspace) as ex:
+            result = await ex.execute(f"open({str(planted)!r}).read()")
+    finally:
+        planted.unlink()
+    assert result.text == "''\n"

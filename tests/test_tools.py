@@ -351,3 +351,21 @@ async def test_a_tool_without_required_arguments_is_called_as_run_with_nothing(a
     requests, result = await collect(asking, "from mcptools.test import get_time\ntype(get_time.run()).__name__")
     assert result.text == "'Result'\n"
     assert [(r.tool_name, dict(r.tool_args)) for r in requests] == [("get-time", {})]
+
+
+async def test_sources_generated_while_the_kernel_runs_are_importable_and_the_manifest_stays_hidden(
+    workspace: Path, tmp_path: Path
+) -> None:
+    tools = tmp_path / "latetools"
+    tools.mkdir()
+    async with CodeExecutor(workspace=workspace, tools_dir=tools, approval="auto") as ex:
+        await generate_mcp_sources("late", stdio_server(), tools)
+        ex.register_mcp_server("late", stdio_server())
+        manifest = tools / ".ipybox" / "servers.json"
+        assert manifest.exists()
+        code = (
+            "import os\nfrom latetools.late import greet\n"
+            f"print(greet.run({{'name': 'late'}}))\nos.path.exists({str(manifest)!r})"
+        )
+        result = await ex.execute(code)
+        assert result.text == "Hello, late!\nFalse\n"

@@ -1,0 +1,278 @@
+"""Configuration of ipybox's MCP server: the options, the config file, and the command line.
+
+Kept apart from `ipybox.mcp_server` so that ``ipybox --help`` does not import the MCP server stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from ._exceptions import UsageError
+from ._mcp import HttpServer, StdioServer, parse_server_params
+
+__all__ = ("TOKEN_ENV", "ApprovalMode", "ServerConfig", "add_arguments", "bearer_token", "config_from_args")
+
+ApprovalMode = Literal["ask", "auto", "deny"]
+
+# Environment variable holding the bearer token, so it does not show in the process list.
+TOKEN_ENV = "IPYBOX_MCP_TOKEN"
+DEFAULT_PORT = 8000
+# Seconds a session may go without a request before its kernel is shut down (restarted on the next).
+DEFAULT_IDLE_TTL = 30 * 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """Everything the MCP server needs to know; one `CodeExecutor` per MCP session is built from it.
+
+    Attributes:
+        workspace: The kernel's working directory. With several sessions (HTTP), each session
+            works in its own subdirectory ``sessions/<id>`` of it.
+        sandbox: Run kernels in the bubblewrap sandbox (strongly recommended).
+        ro_paths: Extra host paths the kernel may read.
+        rw_paths: Extra host paths the kernel may write.
+        env: Environment variables for the kernel.
+        memory: Address-space limit of a kernel in bytes (None: no limit).
+        timeout: Default seconds one ``execute_ipython_cell`` may run.
+        max_timeout: The largest timeout a client may ask for.
+        max_output_chars: Default characters of output returned by one cell.
+        max_code_chars: The longest code string accepted.
+        max_file_bytes: The largest file ``upload_file``/``download_file`` move.
+        approval: What happens to a tool call from kernel code that no rule decides: ``"ask"`` the
+            client's user through MCP elicitation (rejected with a hint when the client cannot be
+            asked), ``"auto"`` approve, ``"deny"`` reject.
+        allow: ``server.tool`` globs approved without asking.
+        deny: ``server.tool`` globs always rejected (wins over everything).
+        allow_read_only: Approve tools annotated ``readOnlyHint: true``.
+        approval_timeout: Seconds to wait for the user's answer before rejecting.
+        servers: MCP servers registered in every session at its start.
+        allow_register: Whether clients may register servers (which runs commands on the host).
+        idle_ttl: Seconds without a request after which a session's kernel is shut down; the next
+            request starts a fresh one (variables are lost; registered servers and files are kept).
+            Over HTTP, a session whose client has gone away is closed after this time.
+    """
+
+    workspace: Path
+    sandbox: bool = True
+    ro_paths: tuple[Path, ...] = ()
+    rw_paths: tuple[Path, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict[str, str])
+    memory: int | None = 4 * 1024**3
+    timeout: float = 120.0
+    max_timeout: float = 3600.0
+    max_output_chars: int = 20_000
+    max_code_chars: int = 1_000_000
+    max_file_bytes: int = 20 * 1024**2
+    approval: ApprovalMode = "ask"
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    allow_read_only: bool = False
+    approval_timeout: float = 300.0
+    servers: Mapping[str, StdioServer | HttpServer] = field(default_factory=dict[str, StdioServer | HttpServer])
+    allow_register: bool = True
+    idle_ttl: float = DEFAULT_IDLE_TTL
+
+    def __post_init__(self) -> None:
+        if not self.workspace.is_dir():
+            raise UsageError(f"workspace {str(self.workspace)!r} is not an existing directory; create it first")
+        for path in (*self.ro_paths, *self.rw_paths):
+            if not path.is_absolute() or not path.exists():
+                raise UsageError(f"sandbox path {str(path)!r} must be an existing absolute path; create it or drop it")
+        if self.approval not in ("ask", "auto", "deny"):
+            raise UsageError(f"approval must be 'ask', 'auto' or 'deny', got {self.approval!r}")
+        for name, value in (
+            ("timeout", self.timeout),
+            ("max_timeout", self.max_timeout),
+            ("approval_timeout", self.approval_timeout),
+            ("idle_ttl", self.idle_ttl),
+        ):
+            if not value > 0:
+                raise UsageError(f"{name} must be a positive number of seconds, got {value!r}")
+        for name, size in (
+            ("max_output_chars", self.max_output_chars),
+            ("max_code_chars", self.max_code_chars),
+            ("max_file_bytes", self.max_file_bytes),
+        ):
+            if size < 1:
+                raise UsageError(f"{name} must be at least 1, got {size!r}")
+
+
+def _load_config_file(path: Path) -> dict[str, Any]:
+    try:
+        data: object = json.loads(path.read_text())
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"config file {str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {str(path)!r} must hold a JSON object")
+    return cast("dict[str, Any]", data)
+
+
+def _servers_from(data: Mapping[str, Any], source: str) -> dict[str, StdioServer | HttpServer]:
+    raw: object = data.get("mcpServers", {})
+    if not isinstance(raw, dict):
+        raise UsageError(f"'mcpServers' in {source} must be an object mapping names to server parameters")
+    servers: dict[str, StdioServer | HttpServer] = {}
+    for name, params in cast("dict[str, object]", raw).items():
+        if not isinstance(params, dict):
+            raise UsageError(f"server {name!r} in {source} must be an object")
+        try:
+            servers[name] = parse_server_params(cast("dict[str, Any]", params))
+        except UsageError as exc:
+            raise UsageError(f"server {name!r} in {source}: {exc}") from None
+    return servers
+
+
+def _str_list(value: object, key: str, source: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in cast("list[object]", value)):
+        raise UsageError(f"{key!r} in {source} must be a list of strings")
+    return tuple(cast("list[str]", value))
+
+
+def _pairs(values: Sequence[str] | None) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for value in values or ():
+        key, sep, rest = value.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env takes NAME=VALUE, got {value!r}")
+        pairs[key] = rest
+    return pairs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the MCP server's options to ``parser`` (shared by ``ipybox mcp`` and ``python -m ipybox.mcp_server``)."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = (
+        "Serve ipybox over MCP: a sandboxed, stateful IPython kernel per MCP session that runs code\n"
+        "actions and calls the tools of other MCP servers through generated Python modules.\n"
+        "Tool calls made by kernel code are approved by the client's user (MCP elicitation) or by\n"
+        "the policy given here."
+    )
+    parser.epilog = (
+        "config file (JSON, --config):\n"
+        '  {"mcpServers": {"fetch": {"command": "uvx", "args": ["mcp-server-fetch"]}},\n'
+        '   "approval": {"mode": "ask", "allow": ["fetch.*"], "deny": [], "allowReadOnly": false}}\n'
+        "  Command-line options override the file; --allow/--deny patterns are added to its lists.\n\n"
+        "examples:\n"
+        "  ipybox mcp --workspace ~/work --config servers.json\n"
+        f"  {TOKEN_ENV}=secret ipybox mcp --transport http --port 8765\n"
+        "  ipybox mcp --approval deny --allow 'github.search_*' --allow-read-only"
+    )
+    where = parser.add_argument_group("transport")
+    where.add_argument(
+        "--transport", choices=["stdio", "http"], default="stdio", help="stdio (default) or streamable HTTP"
+    )
+    where.add_argument("--host", default="127.0.0.1", help="HTTP: address to listen on (default: 127.0.0.1)")
+    where.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"HTTP: port, 0 picks a free one (default: {DEFAULT_PORT})"
+    )
+    where.add_argument(
+        "--bearer-token",
+        help=f"HTTP: require 'Authorization: Bearer TOKEN' (prefer the {TOKEN_ENV} environment variable)",
+    )
+    where.add_argument(
+        "--idle-ttl",
+        type=float,
+        default=DEFAULT_IDLE_TTL,
+        metavar="SECONDS",
+        help="shut a session's kernel down after this many seconds without requests; the next request "
+        f"starts a fresh one, keeping registered servers and files (default: {DEFAULT_IDLE_TTL:g})",
+    )
+
+    kernel = parser.add_argument_group("kernel")
+    kernel.add_argument("--config", type=Path, metavar="FILE", help="JSON config file (see below)")
+    kernel.add_argument("--workspace", type=Path, default=Path("."), help="the kernel's working directory (default: .)")
+    kernel.add_argument("--no-sandbox", action="store_true", help="run the kernel without bubblewrap (unsafe)")
+    kernel.add_argument("--ro-path", action="append", type=Path, default=[], help="extra path the kernel may read")
+    kernel.add_argument("--rw-path", action="append", type=Path, default=[], help="extra path the kernel may write")
+    kernel.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment variable for the kernel")
+    kernel.add_argument("--memory-mb", type=int, help="kernel memory limit in MiB (default: 4096; 0: none)")
+    kernel.add_argument("--timeout", type=float, help="default cell timeout in seconds (default: 120)")
+    kernel.add_argument("--max-output-chars", type=int, help="default output characters per cell (default: 20000)")
+    kernel.add_argument("--max-file-mb", type=float, help="largest upload/download in MiB (default: 20)")
+    kernel.add_argument(
+        "--no-register", action="store_true", help="clients may not register MCP servers (only --config ones)"
+    )
+    kernel.add_argument(
+        "--allow-register",
+        action="store_true",
+        help="over HTTP, let clients register MCP servers; this lets anyone with the token run commands on "
+        "this host (always allowed over stdio, where the client is the local user)",
+    )
+
+    approval = parser.add_argument_group("approval of tool calls made by kernel code")
+    approval.add_argument(
+        "--approval",
+        choices=["ask", "auto", "deny"],
+        help="calls no rule decides: ask the client's user via elicitation (default; rejected when the "
+        "client cannot be asked), approve all, or reject all",
+    )
+    approval.add_argument("--allow", action="append", default=[], metavar="GLOB", help="approve server.tool globs")
+    approval.add_argument("--deny", action="append", default=[], metavar="GLOB", help="reject server.tool globs")
+    approval.add_argument(
+        "--allow-read-only", action="store_true", help="approve tools annotated readOnlyHint (trusted servers only)"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """Build the configuration from parsed arguments and the ``--config`` file they name.
+
+    Raises:
+        UsageError: An option or the config file is invalid.
+    """
+    data: dict[str, Any] = {}
+    source = "the command line"
+    if args.config is not None:
+        data = _load_config_file(args.config)
+        source = f"config file {str(args.config)!r}"
+    servers = _servers_from(data, source)
+    policy_raw: object = data.get("approval", {})
+    if not isinstance(policy_raw, dict):
+        raise UsageError(f"'approval' in {source} must be an object")
+    policy = cast("dict[str, object]", policy_raw)
+    mode: object = args.approval or policy.get("mode", "ask")
+    if mode not in ("ask", "auto", "deny"):
+        raise UsageError(f"approval mode in {source} must be 'ask', 'auto' or 'deny', got {mode!r}")
+    memory: int | None = 4 * 1024**3
+    if args.memory_mb is not None:
+        memory = args.memory_mb * 1024**2 if args.memory_mb > 0 else None
+    extra: dict[str, Any] = {}
+    if args.timeout is not None:
+        extra["timeout"] = args.timeout
+    if args.max_output_chars is not None:
+        extra["max_output_chars"] = args.max_output_chars
+    if args.max_file_mb is not None:
+        extra["max_file_bytes"] = int(args.max_file_mb * 1024**2)
+    return ServerConfig(
+        workspace=args.workspace.expanduser().resolve(),
+        sandbox=not args.no_sandbox,
+        ro_paths=tuple(p.expanduser().resolve() for p in args.ro_path),
+        rw_paths=tuple(p.expanduser().resolve() for p in args.rw_path),
+        env=_pairs(args.env),
+        memory=memory,
+        approval=mode,
+        allow=(*_str_list(policy.get("allow"), "allow", source), *args.allow),
+        deny=(*_str_list(policy.get("deny"), "deny", source), *args.deny),
+        allow_read_only=args.allow_read_only or policy.get("allowReadOnly") is True,
+        servers=servers,
+        # Registering a server starts a command on this host: a local stdio client may, a network
+        # client only when the operator says so.
+        allow_register=not args.no_register and (args.transport == "stdio" or args.allow_register),
+        idle_ttl=args.idle_ttl,
+        **extra,
+    )
+
+
+def bearer_token(args: argparse.Namespace) -> str | None:
+    """The bearer token from ``--bearer-token`` or the environment (empty means none)."""
+    token: str | None = args.bearer_token or os.environ.get(TOKEN_ENV)
+    return token or None

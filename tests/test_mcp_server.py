@@ -1,0 +1,535 @@
+"""ipybox as an MCP server, driven by the mcp 2.x client over stdio and streamable HTTP.
+
+Every test runs the real server as a subprocess (``python -m ipybox.mcp_server``) with ``TMPDIR``
+pointing at a directory of its own, so what each session leaves behind (kernel processes, run and
+state directories) can be checked after the client goes away.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx2
+import pytest
+from codegen_support import EVERYTHING_BIN, everything_params
+from mcp import Client, StdioServerParameters, types
+from mcp.client.context import ClientRequestContext
+from mcp.client.streamable_http import streamable_http_client
+from servers.fixtures import stdio_server, wait_for_exit
+
+pytestmark = pytest.mark.anyio
+
+REPO = Path(__file__).resolve().parents[1]
+# Starting the server (import mcp) and its first kernel on a loaded 2-core machine.
+START_TIMEOUT = 60.0
+# The server's own shutdown after SIGTERM: uvicorn, then every session's kernel.
+CLEANUP_TIMEOUT = 20.0
+
+
+def _text(result: types.CallToolResult) -> str:
+    return "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
+def _png() -> bytes:
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    header = struct.pack(">IIBBBBB", 2, 2, 8, 2, 0, 0, 0)
+    pixels = zlib.compress(b"\x00" + b"\xff\x00\x00" * 2 + b"\x00" + b"\x00\x00\xff" * 2)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b"")
+
+
+@dataclass
+class Elicitor:
+    """The client's user: approves tool calls unless their arguments say "decline me"."""
+
+    messages: list[str] = field(default_factory=list[str])
+
+    async def __call__(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        self.messages.append(params.message)
+        if "decline me" in params.message:
+            return types.ElicitResult(action="decline")
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+
+def _server_env(tmp: Path) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env["TMPDIR"] = str(tmp)
+    return env
+
+
+def _stdio(workspace: Path, tmp: Path, *options: str) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "ipybox.mcp_server", "--workspace", str(workspace), *options],
+        env=_server_env(tmp),
+        cwd=str(REPO),
+    )
+
+
+def _processes(tmp: Path) -> set[int]:
+    """Processes whose command line mentions ``tmp``: the kernels (and their bwrap) of the sessions."""
+    found: set[int] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(tmp) in cmdline and state != "Z":
+            found.add(int(proc.name))
+    return found
+
+
+def _session_dirs(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith("ipybox"))
+
+
+async def _assert_clean(tmp: Path) -> None:
+    """No kernel is left running and no session directory is left in ``tmp``."""
+    for pid in _processes(tmp):
+        await wait_for_exit(pid)
+    assert _session_dirs(tmp) == []
+
+
+async def _call(client: Client, tool: str, **arguments: Any) -> types.CallToolResult:
+    return await client.call_tool(tool, arguments)
+
+
+# -- stdio -------------------------------------------------------------------------------------
+
+
+async def test_a_stdio_client_registers_a_server_calls_its_tools_from_code_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    workspace, tmp = tmp_path / "ws", tmp_path / "tmp"
+    workspace.mkdir()
+    tmp.mkdir()
+    user = Elicitor()
+    params = stdio_server().model_dump(mode="json", exclude_none=True)
+    with anyio.fail_after(START_TIMEOUT * 2):
+        async with Client(_stdio(workspace, tmp), elicitation_callback=user, mode="legacy") as client:
+            tools = {t.name: t for t in (await client.list_tools()).tools}
+            assert {"execute_ipython_cell", "register_mcp_server", "list_mcp_servers", "get_tool_stubs"} <= set(tools)
+            assert {"install_package", "reset", "upload_file", "download_file"} <= set(tools)
+            assert "timeout" in tools["execute_ipython_cell"].input_schema["properties"]
+
+            registered = await _call(client, "register_mcp_server", server_name="test", server_params=params)
+            assert not registered.is_error, _text(registered)
+            assert "from mcptools.test import" in _text(registered)
+            assert "class add:" in _text(registered)
+
+            listing = _text(await _call(client, "list_mcp_servers"))
+            assert listing.startswith("test: ")
+            assert "add" in listing and "greet" in listing
+            stubs = _text(await _call(client, "get_tool_stubs", server_name="test", tools=["greet"]))
+            assert "class greet:" in stubs and "class add:" not in stubs
+
+            first = await _call(client, "execute_ipython_cell", code="x = 40\nprint('x is', x)")
+            assert _text(first) == "x is 40\n"
+            called = await _call(
+                client,
+                "execute_ipython_cell",
+                code="from mcptools.test import add\nprint(add.run(add.Params(a=x, b=2)).result)",
+            )
+            assert not called.is_error, _text(called)
+            assert _text(called) == "42\n"
+            prompt = user.messages[-1]
+            assert "'add'" in prompt and "'test'" in prompt and "test_server.py" in prompt
+            assert "a = 40" in prompt and "add.run(add.Params(a=x, b=2))" in prompt
+
+            declined = await _call(
+                client,
+                "execute_ipython_cell",
+                code="from mcptools.test import greet\ngreet.run(greet.Params(name='decline me'))",
+            )
+            assert declined.is_error
+            assert "ToolCallRejected" in _text(declined) and "declined" in _text(declined)
+
+            shown = await _call(
+                client,
+                "execute_ipython_cell",
+                code=f"from IPython.display import Image, display\ndisplay(Image(data={_png()!r}))",
+            )
+            images = [c for c in shown.content if isinstance(c, types.ImageContent)]
+            assert len(images) == 1 and images[0].mime_type == "image/png"
+            assert base64.b64decode(images[0].data) == _png()
+
+            from_tool = await _call(
+                client,
+                "execute_ipython_cell",
+                code="from mcptools.test import make_image\nmake_image.run({'color': 'blue'})\nprint('done')",
+            )
+            tool_images = [c for c in from_tool.content if isinstance(c, types.ImageContent)]
+            assert len(tool_images) == 1 and tool_images[0].mime_type == "image/png", from_tool.content
+            assert base64.b64decode(tool_images[0].data).startswith(b"\x89PNG")
+
+            failed = await _call(client, "execute_ipython_cell", code="print('before')\n1/0")
+            assert failed.is_error
+            assert _text(failed).startswith("before\n")
+            assert "ZeroDivisionError: division by zero" in _text(failed) and "----> 2 1/0" in _text(failed)
+
+            slow = await _call(
+                client, "execute_ipython_cell", code="import time\nprint('started')\ntime.sleep(30)", timeout=1
+            )
+            assert slow.is_error
+            assert "timeout of 1 s" in _text(slow) and "started" in _text(slow) and "keeps its state" in _text(slow)
+
+            long = await _call(client, "execute_ipython_cell", code="print('a' * 5000 + 'END')", max_output_chars=1000)
+            assert not long.is_error
+            assert "4004 of 5004 characters cut" in _text(long)
+            assert _text(long).startswith("a" * 600) and _text(long).rstrip().endswith("END")
+
+            still = await _call(client, "execute_ipython_cell", code="x + 2")
+            assert _text(still) == "42\n"
+            reset = await _call(client, "reset")
+            assert not reset.is_error
+            gone = await _call(client, "execute_ipython_cell", code="x")
+            assert gone.is_error and "NameError" in _text(gone)
+        await _assert_clean(tmp)
+
+
+async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    workspace, tmp = tmp_path / "ws", tmp_path / "tmp"
+    workspace.mkdir()
+    tmp.mkdir()
+    with anyio.fail_after(START_TIMEOUT * 2):
+        options = ("--max-file-mb", "0.01", "--approval", "deny", "--allow", "test.add", "--env", "GREETING=hello")
+        async with Client(_stdio(workspace, tmp, *options), mode="legacy") as client:
+            unknown = await _call(client, "get_tool_stubs", server_name="nope")
+            assert unknown.is_error and "'nope'" in _text(unknown) and "register_mcp_server" in _text(unknown)
+
+            invalid = await _call(client, "register_mcp_server", server_name="bad", server_params={"cmd": "x"})
+            assert invalid.is_error and "'command'" in _text(invalid)
+            unreachable = await _call(
+                client, "register_mcp_server", server_name="gone", server_params={"command": "/nonexistent/server"}
+            )
+            assert unreachable.is_error and "'gone'" in _text(unreachable)
+            wrong_type = await client.call_tool("execute_ipython_cell", {"code": 42})
+            assert wrong_type.is_error and "code" in _text(wrong_type)
+
+            for timeout in (-1, 10**9):
+                bad_timeout = await _call(client, "execute_ipython_cell", code="1", timeout=timeout)
+                assert bad_timeout.is_error and "timeout must be between 0 and 3600 seconds" in _text(bad_timeout)
+            env = await _call(client, "execute_ipython_cell", code="import os\nos.environ.get('GREETING')")
+            assert _text(env) == "'hello'\n"
+
+            huge = await _call(client, "execute_ipython_cell", code="#" * 1_000_001)
+            assert huge.is_error and "1000001 characters; the limit is 1000000" in _text(huge)
+
+            garbage = await _call(client, "upload_file", path="data.bin", content_base64="\x00\xff not base64 ###")
+            assert garbage.is_error and "not valid base64" in _text(garbage)
+            escape = await _call(client, "upload_file", path="../outside", content_base64="aGk=")
+            assert escape.is_error and "../outside" in _text(escape)
+            assert not (tmp_path / "outside").exists()
+            too_big = await _call(
+                client, "upload_file", path="big", content_base64=base64.b64encode(bytes(20000)).decode()
+            )
+            assert too_big.is_error and "upload limit" in _text(too_big)
+            missing = await _call(client, "download_file", path="missing.txt")
+            assert missing.is_error and "missing.txt" in _text(missing)
+            bad_package = await _call(client, "install_package", name="--index-url=http://evil")
+            assert bad_package.is_error
+
+            test = stdio_server().model_dump(mode="json", exclude_none=True)
+            assert not (await _call(client, "register_mcp_server", server_name="test", server_params=test)).is_error
+            policy = await _call(
+                client,
+                "execute_ipython_cell",
+                code="from mcptools.test import add, greet\nprint(add.run({'a': 1, 'b': 1}))\ngreet.run({'name': 'x'})",
+            )
+            assert policy.is_error and _text(policy).startswith("result=2\n")
+            assert "ToolCallRejected" in _text(policy) and "not allowed by the approval rules" in _text(policy)
+
+            blob = bytes(range(256))
+            uploaded = await _call(
+                client, "upload_file", path="in/data.bin", content_base64=base64.b64encode(blob).decode()
+            )
+            assert not uploaded.is_error, _text(uploaded)
+            assert (workspace / "in" / "data.bin").read_bytes() == blob
+            ran = await _call(
+                client,
+                "execute_ipython_cell",
+                code="data = open('in/data.bin', 'rb').read()\nopen('out.bin', 'wb').write(data[::-1])\nlen(data)",
+            )
+            assert _text(ran) == "256\n"
+            downloaded = await _call(client, "download_file", path="out.bin")
+            resources = [c for c in downloaded.content if isinstance(c, types.EmbeddedResource)]
+            assert len(resources) == 1
+            resource = resources[0].resource
+            assert isinstance(resource, types.BlobResourceContents)
+            assert base64.b64decode(resource.blob) == blob[::-1]
+        await _assert_clean(tmp)
+
+
+async def test_without_elicitation_the_policy_decides_and_the_default_rejection_names_the_option(
+    tmp_path: Path,
+) -> None:
+    workspace, tmp = tmp_path / "ws", tmp_path / "tmp"
+    workspace.mkdir()
+    tmp.mkdir()
+    config = tmp_path / "ipybox.json"
+    config.write_text(
+        json.dumps(
+            {
+                "mcpServers": {"test": stdio_server().model_dump(mode="json", exclude_none=True)},
+                "approval": {"allow": ["test.add", "test.gre*"], "allowReadOnly": True},
+            }
+        )
+    )
+    code = """
+from mcptools.test import add, greet, lookup, get_time
+calls = [(add, {'a': 1, 'b': 2}), (greet, {'name': 'Ada'}), (lookup, {'key': 'k'}), (get_time, {})]
+for tool, args in calls:
+    try:
+        print('ok', tool.run(args))
+    except Exception as exc:
+        print('rejected', exc)
+"""
+    # The default client mode negotiates the 2026 protocol, which has no way to ask the user.
+    with anyio.fail_after(START_TIMEOUT * 2):
+        async with Client(_stdio(workspace, tmp, "--config", str(config), "--deny", "test.greet")) as client:
+            assert "test: " in _text(await _call(client, "list_mcp_servers"))
+            result = await _call(client, "execute_ipython_cell", code=code)
+            lines = _text(result).splitlines()
+            assert lines[0] == "ok result=3"
+            assert lines[1].startswith("rejected") and "denied by the approval rules" in lines[1]
+            assert lines[2].startswith("ok ")
+            assert lines[3].startswith("rejected") and "cannot ask its user" in lines[3]
+            assert "--approval auto" in lines[3] and "--allow test.get-time" in lines[3]
+
+        async with Client(_stdio(workspace, tmp, "--config", str(config), "--approval", "auto")) as client:
+            result = await _call(client, "execute_ipython_cell", code=code)
+            assert [line.split()[0] for line in _text(result).splitlines()] == ["ok", "ok", "ok", "ok"]
+        await _assert_clean(tmp)
+
+
+# -- streamable HTTP ---------------------------------------------------------------------------
+
+
+@dataclass
+class HttpIpybox:
+    url: str
+    token: str
+    tmp: Path
+    workspace: Path
+
+
+@asynccontextmanager
+async def _http_ipybox(tmp_path: Path, *options: str) -> AsyncGenerator[HttpIpybox]:
+    workspace, tmp = tmp_path / "ws", tmp_path / "tmp"
+    workspace.mkdir()
+    tmp.mkdir()
+    token = "s3cret-token"
+    env = {**_server_env(tmp), "IPYBOX_MCP_TOKEN": token}
+    command = [sys.executable, "-m", "ipybox.mcp_server", "--transport", "http", "--port", "0", "--allow-register"]
+    command += ["--workspace", str(workspace), *options]
+    process = await anyio.open_process(command, env=env, cwd=REPO)
+    stderr: list[str] = []
+    ready = anyio.Event()
+    url = ""
+
+    async def drain(stream: anyio.abc.ByteReceiveStream) -> None:
+        nonlocal url
+        buffer = ""
+        async for chunk in stream:
+            buffer += chunk.decode(errors="replace")
+            while "\n" in buffer:
+                line, buffer = buffer.split("\n", 1)
+                stderr.append(line)
+                if "listening on " in line:
+                    url = line.rsplit(" ", 1)[1]
+                    ready.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            assert process.stderr is not None
+            tg.start_soon(drain, process.stderr)
+            with anyio.fail_after(START_TIMEOUT):
+                await ready.wait()
+            yield HttpIpybox(url=url, token=token, tmp=tmp, workspace=workspace)
+            process.terminate()
+            with anyio.fail_after(CLEANUP_TIMEOUT):
+                await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            with anyio.CancelScope(shield=True):
+                await process.wait()
+        await process.aclose()
+
+
+@asynccontextmanager
+async def _http_client(
+    server: HttpIpybox, *, elicitation: Elicitor | None = None, mode: str = "legacy"
+) -> AsyncGenerator[Client]:
+    headers = {"Authorization": f"Bearer {server.token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=START_TIMEOUT) as http:
+        transport = streamable_http_client(server.url, http_client=http)
+        async with Client(transport, elicitation_callback=elicitation, mode=mode) as client:
+            yield client
+
+
+async def test_http_sessions_are_isolated_and_a_closed_session_leaves_no_kernel_behind(tmp_path: Path) -> None:
+    async with _http_ipybox(tmp_path) as server:
+        async with httpx2.AsyncClient() as anonymous:
+            refused = await anonymous.post(server.url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            assert refused.status_code == 401
+
+        user = Elicitor()
+        with anyio.fail_after(START_TIMEOUT * 2):
+            # This client probes for the sessionless 2026 protocol first and falls back to a session.
+            async with _http_client(server, mode="auto") as other:
+                started = await _call(other, "execute_ipython_cell", code="import os\nos.getcwd()")
+                assert not started.is_error
+                others = _processes(server.tmp)
+                assert others
+                async with _http_client(server, elicitation=user) as first:
+                    everything = everything_params() if EVERYTHING_BIN.exists() else None
+                    if everything is not None:
+                        registered = await _call(
+                            first, "register_mcp_server", server_name="everything", server_params=everything
+                        )
+                        assert not registered.is_error, _text(registered)
+                        echoed = await _call(
+                            first,
+                            "execute_ipython_cell",
+                            code="from mcptools.everything import echo\nprint(echo.run({'message': 'hi from code'}))",
+                        )
+                        assert "hi from code" in _text(echoed), _text(echoed)
+                    test = stdio_server().model_dump(mode="json", exclude_none=True)
+                    assert not (
+                        await _call(first, "register_mcp_server", server_name="test", server_params=test)
+                    ).is_error
+                    await _call(first, "execute_ipython_cell", code="secret = 7\nopen('mine.txt', 'w').write('a')")
+                    added = await _call(
+                        first,
+                        "execute_ipython_cell",
+                        code="from mcptools.test import add\nadd.run({'a': secret, 'b': 1}).result",
+                    )
+                    assert _text(added) == "8\n"
+                    assert any("'add'" in m for m in user.messages)
+
+                    seen = await _call(other, "execute_ipython_cell", code="secret")
+                    assert seen.is_error and "NameError" in _text(seen)
+                    files = await _call(other, "execute_ipython_cell", code="os.path.exists('mine.txt')")
+                    assert _text(files) == "False\n"
+                    assert "No MCP servers" in _text(await _call(other, "list_mcp_servers"))
+                    assert len(list((server.workspace / "sessions").iterdir())) == 2
+                    firsts = _processes(server.tmp) - others
+                    assert firsts
+
+                # Ending the session (the client's DELETE) stops its kernel; the other one keeps running.
+                for pid in firsts:
+                    await wait_for_exit(pid)
+                assert _processes(server.tmp) == others
+                alive = await _call(other, "execute_ipython_cell", code="print('still here')")
+                assert _text(alive) == "still here\n"
+    # Directories are removed just after the kernels stop; once the server has exited, all must be gone.
+    await _assert_clean(server.tmp)
+
+
+async def test_an_idle_kernel_is_shut_down_and_the_next_call_gets_a_fresh_one_with_the_same_servers(
+    tmp_path: Path,
+) -> None:
+    workspace, tmp = tmp_path / "ws", tmp_path / "tmp"
+    workspace.mkdir()
+    tmp.mkdir()
+    params = stdio_server().model_dump(mode="json", exclude_none=True)
+    options = ("--idle-ttl", "1", "--allow", "test.*")
+    with anyio.fail_after(START_TIMEOUT * 2):
+        async with Client(_stdio(workspace, tmp, *options), mode="legacy") as client:
+            assert not (await _call(client, "register_mcp_server", server_name="test", server_params=params)).is_error
+            await _call(client, "execute_ipython_cell", code="x = 1\nopen('kept.txt', 'w').write('yes')")
+            kernels = _processes(tmp)
+            assert kernels
+            for pid in kernels:
+                await wait_for_exit(pid)
+
+            after = await _call(
+                client,
+                "execute_ipython_cell",
+                code="from mcptools.test import add\nprint(open('kept.txt').read(), add.run({'a': 1, 'b': 1}))\nx",
+            )
+            assert after.is_error
+            text = _text(after)
+            assert "the kernel was shut down after 1 s without requests" in text
+            assert "yes result=2" in text and "NameError" in text
+        await _assert_clean(tmp)
+
+
+def test_bad_options_and_config_files_stop_the_server_with_a_clear_message(tmp_path: Path) -> None:
+    config = tmp_path / "bad.json"
+    config.write_text(json.dumps({"mcpServers": {"x": {"url": "ftp://nope"}}}))
+    cases = [
+        (["--ro-path", str(tmp_path / "missing")], "missing' must be an existing absolute path"),
+        (["--config", str(config)], "server 'x' in config file"),
+        (["--workspace", str(tmp_path / "nowhere")], "create it first"),
+    ]
+    for options, message in cases:
+        run = subprocess.run(
+            [sys.executable, "-m", "ipybox", "mcp", *options], capture_output=True, text=True, cwd=REPO, timeout=60
+        )
+        assert run.returncode == 2 and message in run.stderr, run.stderr
+
+
+def test_ipybox_mcp_help_reads_well() -> None:
+
+    out = subprocess.run(
+        [sys.executable, "-m", "ipybox", "mcp", "--help"], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout
+    for option in ("--transport", "--bearer-token", "--workspace", "--config", "--approval", "--allow", "mcpServers"):
+        assert option in out
+
+
+def test_the_plugin_and_the_registry_entry_start_ipybox_with_valid_options() -> None:
+    from ipybox._cli import _build_parser
+
+    plugin = json.loads((REPO / "plugin" / ".mcp.json").read_text())["mcpServers"]["ipybox"]
+    assert plugin["command"] == "uvx" and plugin["args"][:2] == ["ipybox", "mcp"]
+    args = _build_parser().parse_args(plugin["args"][1:])
+    assert args.subcommand == "mcp" and args.transport == "stdio"
+
+    entry = json.loads((REPO / "server.json").read_text())
+    package = entry["packages"][0]
+    assert package["identifier"] == "ipybox" and package["transport"] == {"type": "stdio"}
+    argv: list[str] = []
+    for argument in package["packageArguments"]:
+        is_positional = argument["type"] == "positional"
+        argv += [argument["value"]] if is_positional else [argument["name"], argument["default"]]
+    assert _build_parser().parse_args(argv).approval == "ask"
+    skill = (REPO / "plugin" / "skills" / "ipybox" / "SKILL.md").read_text()
+    assert skill.startswith("---\nname: ipybox\ndescription: ")
+    for tool in ("register_mcp_server", "get_tool_stubs", "execute_ipython_cell", "upload_file", "install_package"):
+        assert tool in skill
+
+
+def test_network_clients_may_register_servers_only_when_the_operator_allows_it(tmp_path: Path) -> None:
+    from ipybox._cli import _build_parser
+    from ipybox._mcp_config import config_from_args
+
+    def allowed(*options: str) -> bool:
+        args = _build_parser().parse_args(["mcp", "--workspace", str(tmp_path), *options])
+        return config_from_args(args).allow_register
+
+    assert allowed() is True
+    assert allowed("--transport", "http") is False
+    assert allowed("--transport", "http", "--allow-register") is True
+    assert allowed("--no-register") is False
