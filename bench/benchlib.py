@@ -501,6 +501,44 @@ async def _tool_calls(r: _Run, ex: object) -> None:
     with r.guard("kernel_rss_after_tool_calls", "kernel_rss_after_tool_calls"):
         r.metrics["kernel_rss_after_tool_calls"] = kernel_rss("after tool calls")
 
+    if r.cfg.everything_bin is not None:
+        await _everything_calls(r, ex)
+
+
+async def _everything_calls(r: _Run, ex: object) -> None:
+    """The same call metrics against server-everything (Node), whose own per-call cost is far below
+    a Python MCP server's: this shows the cost of the path between kernel and server."""
+    names = ("tool_call_in_kernel_everything", "seq_calls_everything")
+    with r.guard("everything_calls", *names):
+        call = "_bench_sum.run(_bench_sum.Params(a={a}, b=1))"
+        await r.run(
+            ex,
+            f"from mcptools.{EVERYTHING_SERVER} import get_sum as _bench_sum\n_bench_ev_calls = []\n_bench_ev_seq = []",
+        )
+        one = "_t0 = _bench_time.perf_counter(); {call}\n_bench_ev_calls.append(_bench_time.perf_counter() - _t0)"
+        for i in range(r.cfg.warmup):
+            await r.run(ex, one.format(call=call.format(a=i)))
+        await r.run(ex, "_bench_ev_calls.clear()")
+        for i in range(r.cfg.tool_calls):
+            await r.run(ex, one.format(call=call.format(a=i)))
+        inner: list[float] = await r.readback(ex, "_bench_ev_calls")
+        r.metrics["tool_call_in_kernel_everything"] = summarize(inner)
+        n = r.cfg.seq_calls
+        cell = (
+            f"_t0 = _bench_time.perf_counter()\nfor _i in range({n}):\n    {call.format(a='_i')}\n"
+            "_bench_ev_seq.append(_bench_time.perf_counter() - _t0)"
+        )
+        for _ in range(r.cfg.seq_reps):
+            await r.run(ex, cell)
+        reps: list[float] = await r.readback(ex, "_bench_ev_seq")
+        r.metrics["seq_calls_everything"] = summarize(
+            [n / elapsed for elapsed in reps], unit="calls/s", scale=1.0, calls=n, higher_is_better=True
+        )
+        _log(
+            f"server-everything: call in kernel {r.metrics['tool_call_in_kernel_everything']['median']:.2f} ms, "
+            f"{r.metrics['seq_calls_everything']['median']:.0f} calls/s"
+        )
+
 
 _MCP_METRICS = (
     "generate_benchsrv",
@@ -511,6 +549,8 @@ _MCP_METRICS = (
     "seq_calls",
     "kernel_rss_after_tool_import",
     "kernel_rss_after_tool_calls",
+    "tool_call_in_kernel_everything",
+    "seq_calls_everything",
 )
 
 

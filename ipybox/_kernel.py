@@ -47,7 +47,7 @@ __all__ = (
 
 # How long one kernel_info request may go unanswered before it is sent again: the iopub
 # subscription may not be connected yet, and a reply alone does not prove it is.
-_READY_RETRY = 1.0
+_READY_RETRY = 0.1
 # Messages buffered per execution before the kernel reader waits for the consumer.
 _BUFFER = 256
 # A SIGKILLed process is reaped within milliseconds; this only bounds a pathological case.
