@@ -11,10 +11,14 @@ import sys
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, StdioServer, generate_mcp_sources
 from ipybox._kernel import Kernel
+
+# SIGKILLed processes are gone within milliseconds; this only bounds a real leak.
+PROCESS_EXIT_DEADLINE = 10.0
 
 FAULTY_SERVER = Path(__file__).with_name("faulty_server.py")
 TEST_SERVER = Path(__file__).parent.parent / "servers" / "test_server.py"
@@ -70,6 +74,21 @@ def processes_mentioning(text: str) -> list[int]:
         if text.encode() in cmdline and state != "Z":
             found.append(int(entry))
     return found
+
+
+async def wait_until_gone(text: str) -> None:
+    """Wait until no process mentions ``text``: a killed PID namespace is torn down asynchronously."""
+    with anyio.fail_after(PROCESS_EXIT_DEADLINE):
+        for pid in processes_mentioning(text):
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                # A pidfd turns readable when its process exits.
+                await anyio.wait_readable(fd)
+            finally:
+                os.close(fd)
 
 
 def descendants(pid: int) -> set[int]:

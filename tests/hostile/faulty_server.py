@@ -40,6 +40,13 @@ def build_server() -> MCPServer:
         os._exit(3)
 
     @server.tool(structured_output=False)
+    def garbage_then_answer(text: str) -> str:
+        """Write a line that is not JSON-RPC to stdout, then answer normally."""
+        sys.stdout.buffer.write(b"\x00\xffnot json {{{\n")
+        sys.stdout.buffer.flush()
+        return text
+
+    @server.tool(structured_output=False)
     def hang() -> str:
         """Block the server for good: the event loop's thread waits on an event nobody sets."""
         threading.Event().wait()

@@ -93,8 +93,8 @@ async def test_writes_aimed_at_the_venv_the_tools_the_host_tmp_and_dev_shm_never
 
 
 async def test_the_kernel_cannot_plant_files_in_the_executors_private_host_directory(executor: CodeExecutor) -> None:
-    assert executor._home is not None  # pyright: ignore[reportPrivateUsage]
-    packages = executor._home / "packages"  # pyright: ignore[reportPrivateUsage]
+    assert executor._home is not None
+    packages = executor._home / "packages"
     result = await run(executor, write_attempt(str(packages / "evil.py")))
     assert not (packages / "evil.py").exists(), result.text
     result = await run(
@@ -214,8 +214,8 @@ async def test_udp_raw_packet_sockets_and_dns_to_the_internet_all_fail(executor:
         "    socket.socket(socket.AF_PACKET, socket.SOCK_RAW)\n"
         "def dns():\n"
         "    socket.getaddrinfo('pypi.org', 443)\n"
-        "for label, fn in [('udp', udp), ('udp6', udp6), ('tcp', tcp), ('raw', raw), ('packet', packet), ('dns', dns)]:\n"
-        "    attempt(label, fn)\n"
+        "for fn in (udp, udp6, tcp, raw, packet, dns):\n"
+        "    attempt(fn.__name__, fn)\n"
     )
     result = await run(executor, code)
     lines = result.text.splitlines()
@@ -230,8 +230,8 @@ async def test_udp_raw_packet_sockets_and_dns_to_the_internet_all_fail(executor:
 async def test_one_executors_kernel_cannot_reach_another_executors_tool_socket(
     executor: CodeExecutor, tmp_path: Path
 ) -> None:
-    assert executor._home is not None  # pyright: ignore[reportPrivateUsage]
-    theirs = executor._home / "tools.sock"  # pyright: ignore[reportPrivateUsage]
+    assert executor._home is not None
+    theirs = executor._home / "tools.sock"
     async with CodeExecutor(workspace=tmp_path, tools_dir=None, approval="auto") as other:
         code = (
             "import socket\n"
