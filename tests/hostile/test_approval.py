@@ -90,6 +90,7 @@ async def test_the_call_that_runs_has_exactly_the_arguments_that_were_approved(
         "box = {}\n"
         "worker = threading.Thread(target=lambda: box.setdefault('out', call_tool('test', 'create_order', args)))\n"
         "worker.start()\n"
+        # The host marks the request as seen with a file; the kernel has no other signal from it.
         "deadline = time.monotonic() + 30\n"
         f"while not os.path.exists({str(pending)!r}) and time.monotonic() < deadline:\n"
         "    time.sleep(0.01)\n"
