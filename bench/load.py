@@ -236,30 +236,28 @@ async def soak(executions: int) -> None:
             )
 
 
-def ipybox_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("ipybox-*")}
-
-
 async def churn(cycles: int) -> None:
     print(f"\n== churn: start and stop {cycles} executors ==")
-    before_dirs = ipybox_dirs()
     leaked: set[int] = set()
+    dirs: list[Path] = []
     begin = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         for i in range(cycles):
             async with CodeExecutor(workspace=tmp, tools_dir=None, approval="auto") as ex:
                 ex.register_mcp_server("test", test_server())
+                # The executor's own dir and its kernel's run dir; both must be gone after the stop.
+                home, kernel = ex._home, ex._kernel
+                dirs += [p for p in (home, kernel.run_dir if kernel else None) if p is not None]
                 # Every fourth executor also starts its MCP server, so server processes are counted too.
                 if i % 4 == 0:
                     await ex.execute("from ipybox_kernel import call_tool\ncall_tool('test', 'add', {'a': 1, 'b': 2})")
             leaked |= descendants(os.getpid())
     wall = time.monotonic() - begin
-    # Other programs on the machine may create ipybox-* dirs meanwhile; only count new ones left now.
-    left = ipybox_dirs() - before_dirs
+    left = [p for p in dirs if p.exists()]
     print(f"{cycles} start/stop cycles in {wall:.1f} s ({wall / cycles * 1000:.0f} ms per cycle)")
-    print(f"processes left behind: {len(leaked)}; ipybox-* dirs left in /tmp: {len(left)}")
+    print(f"processes left behind: {len(leaked)}; run dirs left behind: {len(left)} of {len(dirs)}")
     if leaked or left:
-        print(f"  leaked pids: {sorted(leaked)[:10]}, dirs: {sorted(left)[:10]}")
+        print(f"  leaked pids: {sorted(leaked)[:10]}, dirs: {[str(p) for p in left[:10]]}")
 
 
 def main() -> None:
