@@ -1,0 +1,122 @@
+"""Approval under abuse: floods of requests, and arguments that change after the request was made."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutionResult, CodeExecutor
+
+from .conftest import run
+
+pytestmark = pytest.mark.anyio
+
+# Calls in one cell for the flood tests: thousands, as a runaway loop in model code would make.
+AUTO_FLOOD = 2000
+ASK_FLOOD = 1000
+# Threads in the parallel flood; the kernel client carries at most this many calls at once anyway.
+FLOOD_THREADS = 32
+
+
+def flood(calls: int, threads: int = 1) -> str:
+    return (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from ipybox_kernel import call_tool\n"
+        "def one(i):\n    return int(call_tool('test', 'add', {'a': i, 'b': 1}).text)\n"
+        f"with ThreadPoolExecutor({threads}) as pool:\n"
+        f"    results = list(pool.map(one, range({calls})))\n"
+        f"print(sum(results) == sum(range({calls})) + {calls}, len(results))\n"
+    )
+
+
+async def test_thousands_of_calls_in_one_cell_under_auto_are_all_approved_and_run(
+    module_workspace: Path, tools_dir: Path
+) -> None:
+    async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir, approval="auto") as ex:
+        result = await run(ex, flood(AUTO_FLOOD, FLOOD_THREADS), timeout=100)
+        assert result.text == f"True {AUTO_FLOOD}\n"
+        assert (await run(ex, "print('after')")).text == "after\n"
+
+
+async def test_a_flood_under_ask_surfaces_every_request_once_and_runs_only_approved_calls(
+    module_workspace: Path, tools_dir: Path
+) -> None:
+    seen: set[str] = set()
+    rejected = 0
+    async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir, approval="ask") as ex:
+        code = (
+            "from concurrent.futures import ThreadPoolExecutor\n"
+            "from ipybox_kernel import call_tool, ToolCallRejected\n"
+            "def one(i):\n"
+            "    try:\n        return int(call_tool('test', 'add', {'a': i, 'b': 0}).text)\n"
+            "    except ToolCallRejected:\n        return None\n"
+            f"with ThreadPoolExecutor({FLOOD_THREADS}) as pool:\n"
+            f"    results = list(pool.map(one, range({ASK_FLOOD})))\n"
+            "ran = [r for r in results if r is not None]\n"
+            "print(len(ran), all(r % 7 for r in ran))\n"
+        )
+        result: CodeExecutionResult | None = None
+        async for event in ex.execute(code):
+            if isinstance(event, ApprovalRequest):
+                assert event.id not in seen
+                seen.add(event.id)
+                # Reject every call whose first argument is a multiple of 7.
+                if event.tool_args["a"] % 7 == 0:
+                    rejected += 1
+                    await event.reject("multiple of seven")
+                else:
+                    await event.accept()
+            elif isinstance(event, CodeExecutionResult):
+                result = event
+        assert result is not None
+        assert len(seen) == ASK_FLOOD
+        assert result.text == f"{ASK_FLOOD - rejected} True\n"
+
+
+async def test_the_call_that_runs_has_exactly_the_arguments_that_were_approved(
+    module_workspace: Path, tools_dir: Path
+) -> None:
+    """The kernel mutates its argument dict, nested values included, while the approval is pending."""
+    pending = module_workspace / "approval-pending"
+    pending.unlink(missing_ok=True)
+    code = (
+        "import os, threading, time\n"
+        "from ipybox_kernel import call_tool\n"
+        "args = {'customer': {'name': 'Alice', 'address': {'street': 'a', 'city': 'Approved City', 'country': 'DE'}},"
+        " 'items': [{'sku': 'ABC-123', 'quantity': 1, 'unit_price': 1.0}]}\n"
+        "box = {}\n"
+        "worker = threading.Thread(target=lambda: box.setdefault('out', call_tool('test', 'create_order', args)))\n"
+        "worker.start()\n"
+        # The host marks the request as seen with a file; the kernel has no other signal from it.
+        "deadline = time.monotonic() + 30\n"
+        f"while not os.path.exists({str(pending)!r}) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "args['customer']['address']['city'] = 'Evil City'\n"
+        "args['items'][0]['quantity'] = 100\n"
+        "args['priority'] = 'urgent'\n"
+        "print('mutated', flush=True)\n"
+        "worker.join()\n"
+        "print(box['out'].text)\n"
+    )
+    approved: list[dict[str, Any]] = []
+    async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir, approval="ask") as ex:
+        result: CodeExecutionResult | None = None
+        request: ApprovalRequest | None = None
+        with anyio.fail_after(60):
+            async for event in ex.execute(code):
+                if isinstance(event, ApprovalRequest):
+                    request = event
+                    approved.append(dict(event.tool_args))
+                    pending.write_text("now")
+                elif isinstance(event, CodeExecutionChunk) and "mutated" in event.text:
+                    assert request is not None
+                    await request.accept()
+                elif isinstance(event, CodeExecutionResult):
+                    result = event
+    pending.unlink()
+    assert result is not None
+    assert approved[0]["customer"]["address"]["city"] == "Approved City"
+    assert "to Approved City, DE: 1 items, total 1.00, priority normal" in result.text

@@ -1,0 +1,215 @@
+"""Code actions that abuse resources: processes, memory, disk, CPU, output, the stack, the process itself.
+
+Each must end in a clear error or a bounded result, leave the host alone, and leave the executor usable.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import AsyncGenerator, Generator
+from pathlib import Path
+
+import pytest
+
+from ipybox import CodeExecutor, ExecutionTimeout, KernelDied, Limits
+
+from .conftest import descendants, kernel_of, run, wait_until_gone
+
+pytestmark = pytest.mark.anyio
+
+# How many processes the bounded fork bomb tries to hold at once; well above any sane limit for a
+# kernel, well below what hurts this host (pid_max is 32768 here).
+FORK_BOMB_CEILING = 300
+# A sandbox that bounded processes would stop a fork bomb below this many.
+REASONABLE_PROCESS_LIMIT = 256
+
+
+async def still_works(executor: CodeExecutor) -> None:
+    result = await run(executor, "print(6 * 7)")
+    assert result.text == "42\n"
+
+
+@pytest.fixture(scope="module")
+async def executor(module_workspace: Path) -> AsyncGenerator[CodeExecutor]:
+    async with CodeExecutor(workspace=module_workspace, tools_dir=None, limits=Limits(output_chars=10_000)) as ex:
+        yield ex
+
+
+def fork_bomb(ceiling: int) -> str:
+    """Kernel code: a fork bomb from a small interpreter that stops at ``ceiling`` live processes.
+
+    A small interpreter forks far faster than the kernel itself; its children wait for good.
+    """
+    bomb = (
+        "import os, time\n"
+        "children, error = 0, None\n"
+        f"while children < {ceiling}:\n"
+        "    try:\n        pid = os.fork()\n"
+        "    except OSError as e:\n        error = e.strerror; break\n"
+        "    if pid == 0:\n        os.closerange(0, 64); time.sleep(3600); os._exit(0)\n"
+        "    children += 1\n"
+        "print(children, error)\n"
+    )
+    return (
+        "import subprocess, sys\n"
+        f"out = subprocess.run([sys.executable, '-I', '-S', '-c', {bomb!r}], capture_output=True, text=True)\n"
+        "print(out.stdout.strip() or out.stderr.strip())\n"
+    )
+
+
+async def test_a_fork_bomb_dies_with_the_kernel_and_leaves_no_process_behind(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, tools_dir=None, timeout=60) as ex:
+        sandbox = kernel_of(ex).pid
+        result = await run(ex, fork_bomb(FORK_BOMB_CEILING))
+        forked = int(result.text.split()[0])
+        assert forked > 0
+        assert len(descendants(sandbox)) > forked
+        await ex.reset()
+        assert descendants(sandbox) == set()
+        await still_works(ex)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="nothing bounds the number of processes a kernel can create when the host runs ipybox as root: "
+    "RLIMIT_NPROC does not apply to host uid 0 and no pids cgroup is used (fix: pids cgroup or unprivileged uid)",
+)
+async def test_the_sandbox_bounds_the_number_of_processes_a_kernel_can_create(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, tools_dir=None, timeout=60) as ex:
+        result = await run(ex, fork_bomb(FORK_BOMB_CEILING))
+        await ex.reset()
+        assert int(result.text.split()[0]) < REASONABLE_PROCESS_LIMIT, result.text
+
+
+async def test_a_memory_bomb_in_a_child_process_is_bounded_too(executor: CodeExecutor) -> None:
+    code = (
+        "import os\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    try:\n        b = bytearray(8 * 1024**3); os._exit(0)\n"
+        "    except MemoryError:\n        os._exit(7)\n"
+        "print(os.waitpid(pid, 0)[1] >> 8)\n"
+    )
+    result = await run(executor, code)
+    assert result.text == "7\n"
+    await still_works(executor)
+
+
+@pytest.fixture
+def small_workspace(tmp_path: Path) -> Generator[Path]:
+    """A workspace on its own 16 MB tmpfs, so filling it is quick and harmless."""
+    path = tmp_path / "small"
+    path.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)]
+    done = subprocess.run(mount, capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+async def test_filling_the_workspace_raises_a_clear_no_space_error_and_the_kernel_keeps_going(
+    small_workspace: Path,
+) -> None:
+    async with CodeExecutor(workspace=small_workspace, tools_dir=None) as ex:
+        code = (
+            "import errno\n"
+            "try:\n"
+            "    with open('fill', 'wb') as f:\n"
+            "        while True:\n            f.write(b'x' * 1024 * 1024)\n"
+            "except OSError as e:\n    print(errno.errorcode[e.errno])\n"
+        )
+        assert (await run(ex, code)).text == "ENOSPC\n"
+        # The host still reads and writes the workspace, and after cleanup so does the kernel.
+        assert (small_workspace / "fill").stat().st_size > 0
+        assert (await run(ex, "import os\nos.remove('fill')\nopen('ok', 'w').write('ok')\nprint('ok')")).text == "ok\n"
+        await still_works(ex)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the kernel's private /tmp is a tmpfs without a size limit: it fills host RAM outside RLIMIT_AS "
+    "(fix: bind a directory on disk as /tmp, or bwrap --size where available)",
+)
+async def test_the_sandbox_tmp_cannot_hold_more_than_the_memory_limit(workspace: Path) -> None:
+    limit = 256 * 1024**2
+    async with CodeExecutor(workspace=workspace, tools_dir=None, limits=Limits(memory=limit)) as ex:
+        code = (
+            "import os\n"
+            "fd = os.open('/tmp/fill', os.O_CREAT | os.O_WRONLY)\n"
+            f"try:\n    os.posix_fallocate(fd, 0, {2 * limit}); print('held', os.fstat(fd).st_blocks * 512)\n"
+            "except OSError as e:\n    print('refused', e.strerror)\n"
+            "finally:\n    os.close(fd); os.remove('/tmp/fill')\n"
+        )
+        result = await run(ex, code)
+        assert result.text.startswith("refused"), result.text
+
+
+async def test_cpu_spinning_children_die_when_a_timeout_restarts_the_kernel(workspace: Path) -> None:
+    async with CodeExecutor(workspace=workspace, tools_dir=None) as ex:
+        run_dir = kernel_of(ex).run_dir
+        code = (
+            "import os, signal\n"
+            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "for _ in range(2):\n"
+            "    if os.fork() == 0:\n"
+            "        os.setsid()\n"  # a daemon: its own session, out of the kernel's process group
+            "        while True:\n            pass\n"
+            "while True:\n    try:\n        pass\n    except KeyboardInterrupt:\n        pass\n"
+        )
+        with pytest.raises(ExecutionTimeout) as caught:
+            await ex.execute(code, timeout=1)
+        assert caught.value.restarted
+        await wait_until_gone(str(run_dir))
+        await still_works(ex)
+
+
+async def test_a_flood_from_a_subprocess_writing_to_fd_1_is_capped(executor: CodeExecutor) -> None:
+    code = (
+        "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-c', 'import os\\nfor _ in range(50): os.write(1, b\"y\" * 1_000_000)'])\n"
+        "print('done')\n"
+    )
+    result = await run(executor, code, timeout=60)
+    assert len(result.text) < 20_000
+    assert result.truncated_chars > 0 or "done" in result.text
+    await still_works(executor)
+
+
+async def test_a_million_tiny_outputs_of_every_kind_are_capped(executor: CodeExecutor) -> None:
+    code = (
+        "import sys\n"
+        "from IPython.display import display\n"
+        "out, err = sys.stdout.write, sys.stderr.write\n"
+        "for i in range(1_000_000):\n"
+        "    out('x\\n')\n"
+        "    if i % 100 == 0:\n        err('e')\n"
+        "    if i % 10_000 == 0:\n        display(i)\n"
+    )
+    result = await run(executor, code, timeout=110)
+    assert result.truncated_chars > 1_900_000
+    assert len(result.text) < 11_000
+    await still_works(executor)
+
+
+async def test_unbounded_recursion_is_a_recursion_error_and_a_blown_c_stack_kills_only_the_kernel(
+    executor: CodeExecutor,
+) -> None:
+    code = "def f(n):\n    return f(n + 1)\ntry:\n    f(0)\nexcept RecursionError:\n    print('RecursionError')\n"
+    assert (await run(executor, code)).text == "RecursionError\n"
+    # Python-to-Python calls do not use the C stack in 3.11; repr of a deep nest does.
+    code = "import sys\nsys.setrecursionlimit(10**8)\nx = []\nfor _ in range(10**6):\n    x = [x]\nrepr(x)\n"
+    with pytest.raises(KernelDied):
+        await executor.execute(code)
+    await still_works(executor)
+
+
+async def test_sigkill_to_itself_and_abort_end_in_kernel_died(executor: CodeExecutor) -> None:
+    for code in ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "import os\nos.abort()"):
+        with pytest.raises(KernelDied):
+            await executor.execute(code)
+        await still_works(executor)
+    assert os.getpid() > 0
