@@ -353,8 +353,8 @@ async def test_kill_minus_one_inside_the_sandbox_takes_down_only_the_kernel(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the /etc mask is a deny list and the kernel reads as host root: a root-only (0600) secret in /etc "
-    "outside the list (wireguard, NetworkManager, krb5.keytab) is readable (fix: unprivileged uid or mask 0600 files)",
+    reason="/etc entries that are not world-readable are masked when a kernel starts; one created while the "
+    "kernel runs is readable until its next restart (the kernel reads as host root; fix: unprivileged uid)",
 )
 async def test_a_root_only_secret_elsewhere_in_etc_is_unreadable(executor: CodeExecutor) -> None:
     secret = secrets.token_hex(16)

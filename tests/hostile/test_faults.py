@@ -241,12 +241,6 @@ async def test_cancelling_the_host_task_detaches_and_cancel_stops_the_code_keepi
     await assert_nothing_left(dirs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a kernel that fails to start surfaces from 'async with CodeExecutor()' as a nested ExceptionGroup "
-    "(from the executor's task group) instead of the KernelStartError the docs promise "
-    "(fix: unwrap single-error groups in __aenter__, or start the first kernel outside the task group)",
-)
 async def test_a_kernel_that_cannot_start_raises_kernel_start_error_from_async_with(tmp_path: Path) -> None:
     with pytest.raises(KernelStartError, match="exited during start-up"):
         async with CodeExecutor(workspace=tmp_path, tools_dir=None, env={"PYTHONHOME": str(tmp_path / "gone")}):
