@@ -76,7 +76,8 @@ async def test_a_fork_bomb_dies_with_the_kernel_and_leaves_no_process_behind(wor
     reason="this host offers no writable pids cgroup; RLIMIT_NPROC does not bind root, so nothing bounds processes",
 )
 async def test_the_sandbox_bounds_the_number_of_processes_a_kernel_can_create(workspace: Path) -> None:
-    async with CodeExecutor(workspace=workspace, tools_dir=None, timeout=60) as ex:
+    limits = Limits(processes=REASONABLE_PROCESS_LIMIT // 2)
+    async with CodeExecutor(workspace=workspace, tools_dir=None, timeout=60, limits=limits) as ex:
         result = await run(ex, fork_bomb(FORK_BOMB_CEILING))
         await ex.reset()
         assert int(result.text.split()[0]) < REASONABLE_PROCESS_LIMIT, result.text
@@ -131,7 +132,7 @@ async def test_filling_the_workspace_raises_a_clear_no_space_error_and_the_kerne
 
 async def test_the_sandbox_tmp_cannot_hold_more_than_its_size_limit(workspace: Path) -> None:
     limit = 256 * 1024**2
-    async with CodeExecutor(workspace=workspace, tools_dir=None, limits=Limits(memory=limit, tmp_bytes=limit)) as ex:
+    async with CodeExecutor(workspace=workspace, tools_dir=None, limits=Limits(tmp_bytes=limit)) as ex:
         code = (
             "import os\n"
             "fd = os.open('/tmp/fill', os.O_CREAT | os.O_WRONLY)\n"
