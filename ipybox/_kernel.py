@@ -47,7 +47,8 @@ __all__ = (
 
 # How long one kernel_info request may go unanswered before it is sent again: the iopub
 # subscription may not be connected yet, and a reply alone does not prove it is.
-_READY_RETRY = 0.1
+_READY_RETRY = 0.05
+_READY_RETRY_MAX = 1.0
 # Messages buffered per execution before the kernel reader waits for the consumer.
 _BUFFER = 256
 # A SIGKILLed process is reaped within milliseconds; this only bounds a pathological case.
@@ -342,20 +343,40 @@ class Kernel:
     async def _wait_ready(self) -> None:
         """Return once the kernel answers on shell and iopub; the caller bounds the wait.
 
+        kernel_info requests are repeated (the iopub subscription may not be connected when the
+        first answer is published), and an answer to any of them counts: on a busy machine the
+        kernel may answer an earlier request only after a later one was sent.
+
         Raises:
             KernelStartError: The kernel exited first.
         """
-        while not self.exited.is_set():
-            msg = self._msg("kernel_info_request", {})
-            replied = idle = False
-            async with self._request(msg, "shell") as messages:
-                with anyio.move_on_after(_READY_RETRY):
-                    async for raw in messages:
-                        kind = raw["header"]["msg_type"]
-                        replied = replied or kind == "kernel_info_reply"
-                        idle = idle or (kind == "status" and raw["content"].get("execution_state") == "idle")
-                        if replied and idle:
-                            return
+        send, receive = anyio.create_memory_object_stream[dict[str, Any]](_BUFFER)
+        sent: list[str] = []
+        replied: set[str] = set()
+        idle: set[str] = set()
+        interval = _READY_RETRY
+        try:
+            with receive:
+                while not self.exited.is_set():
+                    msg = self._msg("kernel_info_request", {})
+                    sent.append(msg["header"]["msg_id"])
+                    self._waiters[sent[-1]] = send
+                    self._client.shell_channel.send(msg)
+                    with anyio.move_on_after(interval):
+                        async for raw in receive:
+                            parent = raw["parent_header"].get("msg_id")
+                            kind = raw["header"]["msg_type"]
+                            if kind == "kernel_info_reply":
+                                replied.add(parent)
+                            elif kind == "status" and raw["content"].get("execution_state") == "idle":
+                                idle.add(parent)
+                            if replied & idle:
+                                return
+                    interval = min(interval * 2, _READY_RETRY_MAX)
+        finally:
+            for msg_id in sent:
+                self._waiters.pop(msg_id, None)
+            send.close()
         raise KernelStartError(
             f"the kernel exited during start-up (exit code {self.exit_code})", output=self.stderr_tail()
         )

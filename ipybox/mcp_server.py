@@ -52,6 +52,7 @@ from pydantic import BaseModel, Field
 
 from ._approval import ApprovalDecision, ApprovalRequest, ApprovalRules
 from ._codegen import generate_mcp_sources
+from ._events import wait_any
 from ._exceptions import (
     CodeExecutionError,
     ExecutionError,
@@ -95,18 +96,6 @@ from code may need the user's approval."""
 
 
 # -- sessions ----------------------------------------------------------------------------------
-
-
-async def _first_of(*events: anyio.Event) -> None:
-    """Wait until any of ``events`` is set."""
-    async with anyio.create_task_group() as race:
-
-        async def until(event: anyio.Event) -> None:
-            await event.wait()
-            race.cancel_scope.cancel()
-
-        for event in events:
-            race.start_soon(until, event)
 
 
 @dataclass(eq=False)
@@ -185,13 +174,13 @@ class _Session:
         while not self.closed.is_set():
             activity = self._activity
             if self.busy:
-                await _first_of(self.closed, activity)
+                await wait_any(self.closed, activity)
                 continue
             remaining = self.last_active + self.config.idle_ttl - anyio.current_time()
             if remaining <= 0:
                 return
             with anyio.move_on_after(remaining):
-                await _first_of(self.closed, activity)
+                await wait_any(self.closed, activity)
 
     def _executor(self) -> CodeExecutor:
         config = self.config
@@ -231,7 +220,7 @@ class _Session:
                     f"[ipybox: the kernel was shut down after {self.config.idle_ttl:g} s without requests and "
                     "restarted: variables are lost; registered servers and workspace files are kept]\n"
                 )
-                await _first_of(self.closed, self._wanted)
+                await wait_any(self.closed, self._wanted)
                 if self.closed.is_set():
                     break
                 try:
