@@ -768,6 +768,9 @@ async def serve(
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    # Listen before announcing the address: uvicorn only starts listening once its startup has run, and a
+    # client that reads the announcement first would be refused. Connections wait in the backlog instead.
+    sock.listen(2048)
     bound = sock.getsockname()[1]
     uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     print(f"ipybox MCP server listening on http://{host}:{bound}/mcp", file=sys.stderr, flush=True)

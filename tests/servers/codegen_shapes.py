@@ -102,6 +102,8 @@ def _named(name: str) -> Callable[[], str]:
 async def serve_http(server: MCPServer, transport: str) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
+    # Listen before printing the URL so a client that connects at once waits in the backlog, not refused.
+    sock.listen(128)
     port = sock.getsockname()[1]
     app = server.sse_app() if transport == "sse" else server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
