@@ -4,6 +4,13 @@ The kernel speaks the Jupyter protocol over ZMQ ``ipc://`` sockets in a private 
 (they work across the sandbox's empty network namespace). The host launches the process itself
 rather than through jupyter_client's manager so that it can wait on the process's exit instead of
 polling it: a kernel that dies mid-execution is noticed at once.
+
+The host's sockets are plain (blocking-API) ZMQ sockets read with non-blocking calls when their
+file descriptor signals. ZMQ's descriptor is edge-triggered and any send or ``EVENTS`` query on the
+socket may consume the signal; pyzmq's asyncio sockets lose a wake-up that way now and then (seen
+here: a kernel_info reply sat in the shell socket while the reader waited forever). So each reader
+drains its socket until it is empty and ``EVENTS`` confirms it, and every send wakes the reader of
+that socket to drain again.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -25,9 +33,8 @@ from typing import Any, Literal, cast
 
 import anyio
 import anyio.abc
-import zmq.asyncio
+import zmq
 from anyio.streams.memory import MemoryObjectSendStream
-from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.session import Session
 
@@ -55,6 +62,8 @@ _BUFFER = 256
 _KILL_WAIT = 5.0
 # Bytes of the kernel's raw stderr kept for error messages.
 _STDERR_TAIL = 8192
+
+_Channel = Literal["shell", "iopub", "control"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
@@ -142,10 +151,14 @@ def _parse(msg: dict[str, Any]) -> KernelEvent | None:
 class Kernel:
     """A running kernel. Create with ``async with Kernel.start(...)``."""
 
-    def __init__(self, process: anyio.abc.Process, client: AsyncKernelClient, run_dir: Path) -> None:
+    def __init__(
+        self, process: anyio.abc.Process, session: Session, sockets: Mapping[_Channel, zmq.Socket[bytes]], run_dir: Path
+    ) -> None:
         self._process = process
-        self._client = client
-        self._session: Session = client.session
+        self._session = session
+        self._sockets = sockets
+        # The cancel scope a channel's reader waits in, to wake it after a send (see the module doc).
+        self._idle_readers: dict[_Channel, anyio.CancelScope] = {}
         self.run_dir = run_dir
         self._waiters: dict[str, MemoryObjectSendStream[dict[str, Any]]] = {}
         self._stderr: deque[bytes] = deque()
@@ -181,7 +194,7 @@ class Kernel:
             KernelStartError: The kernel exited or did not become ready within ``start_timeout``.
         """
         run_dir = run_dir or Path(tempfile.mkdtemp(prefix="ipybox-"))
-        client: AsyncKernelClient | None = None
+        sockets: dict[_Channel, zmq.Socket[bytes]] = {}
         cgroup: PidsCgroup | None = None
         try:
             env = dict(env)
@@ -191,7 +204,8 @@ class Kernel:
                 env["HOME"] = str(run_dir / "home")
                 env.setdefault("IPYTHONDIR", str(run_dir / "home" / ".ipython"))
             connection_file = str(run_dir / "kernel.json")
-            write_connection_file(connection_file, transport="ipc", ip=str(run_dir / "zmq"))
+            key = secrets.token_hex(32).encode()
+            _, info = write_connection_file(connection_file, transport="ipc", ip=str(run_dir / "zmq"), key=key)
             argv = [*python, "-m", "ipybox_kernel._launch", "-f", connection_file]
             for flag, value in (
                 ("--memory", limits.memory),
@@ -226,10 +240,23 @@ class Kernel:
                 cwd=workspace,
                 start_new_session=True,
             )
-            client = AsyncKernelClient()
-            client.load_connection_file(connection_file)
-            client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
-            kernel = cls(process, client, run_dir)
+            session = Session(key=key, signature_scheme="hmac-sha256")
+            context = cast("zmq.Context[zmq.Socket[bytes]]", zmq.Context.instance())
+            channels: tuple[tuple[_Channel, int], ...] = (
+                ("shell", zmq.DEALER),
+                ("control", zmq.DEALER),
+                ("iopub", zmq.SUB),
+            )
+            for name, kind in channels:
+                socket = sockets[name] = context.socket(kind)
+                socket.linger = 0
+                if kind == zmq.DEALER:
+                    socket.identity = session.bsession
+                else:
+                    socket.setsockopt(zmq.SUBSCRIBE, b"")
+                port = cast("dict[str, object]", info)[f"{name}_port"]
+                socket.connect(f"ipc://{run_dir / 'zmq'}-{port}")
+            kernel = cls(process, session, sockets, run_dir)
             failure: KernelStartError | None = None
             try:
                 async with anyio.create_task_group() as tg:
@@ -263,8 +290,8 @@ class Kernel:
                 with anyio.CancelScope(shield=True):
                     await process.aclose()
         finally:
-            if client is not None:
-                client.stop_channels()
+            for socket in sockets.values():
+                socket.close()
             if cgroup is not None:
                 with anyio.CancelScope(shield=True):
                     await cgroup.remove()
@@ -288,7 +315,8 @@ class Kernel:
     def interrupt(self) -> None:
         """Ask the kernel to raise KeyboardInterrupt in the running code (by message: signals do
         not reach a kernel inside a PID namespace)."""
-        self._client.control_channel.send(self._msg("interrupt_request", {}))
+        if not self.exited.is_set():
+            self._send("control", self._msg("interrupt_request", {}))
 
     async def execute(self, code: str) -> AsyncGenerator[KernelEvent]:
         """Run code and yield its events until the kernel is idle again.
@@ -333,7 +361,7 @@ class Kernel:
             if self.exited.is_set():
                 send.close()
             else:
-                getattr(self._client, f"{channel}_channel").send(msg)
+                self._send(channel, msg)
             with receive:
                 yield receive
         finally:
@@ -361,7 +389,7 @@ class Kernel:
                     msg = self._msg("kernel_info_request", {})
                     sent.append(msg["header"]["msg_id"])
                     self._waiters[sent[-1]] = send
-                    self._client.shell_channel.send(msg)
+                    self._send("shell", msg)
                     with anyio.move_on_after(interval):
                         async for raw in receive:
                             parent = raw["parent_header"].get("msg_id")
@@ -398,11 +426,27 @@ class Kernel:
                 while self._stderr_size > _STDERR_TAIL and len(self._stderr) > 1:
                     self._stderr_size -= len(self._stderr.popleft())
 
+    def _send(self, channel: _Channel, msg: dict[str, Any]) -> None:
+        self._session.send(self._sockets[channel], msg)  # pyright: ignore[reportUnknownMemberType]
+        # The send may have taken the descriptor's signal for a message that has already arrived.
+        reader = self._idle_readers.get(channel)
+        if reader is not None:
+            reader.cancel()
+
     async def _read_channel(self, name: Literal["iopub", "shell"]) -> None:
-        socket = cast("zmq.asyncio.Socket", getattr(self._client, f"{name}_channel").socket)
+        socket = self._sockets[name]
         session = self._session
         while True:
-            frames = await socket.recv_multipart()
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                if cast("int", socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    continue
+                # Empty, and ZMQ knows it: the next message signals the descriptor again.
+                with anyio.CancelScope() as self._idle_readers[name]:
+                    await anyio.wait_readable(socket.fileno())
+                del self._idle_readers[name]
+                continue
             _, frames = session.feed_identities(frames)
             try:
                 msg = session.deserialize(frames)
@@ -413,7 +457,10 @@ class Kernel:
             send = self._waiters.get(parent) if isinstance(parent, str) else None
             if send is not None:
                 with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    await send.send(msg)
+                    try:
+                        send.send_nowait(msg)
+                    except anyio.WouldBlock:
+                        await send.send(msg)
 
 
 def default_python() -> list[str]:
