@@ -196,7 +196,6 @@ class CodeExecutor:
             {
                 "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
                 "PYTHONNOUSERSITE": "1",
-                "PYDEVD_DISABLE_FILE_VALIDATION": "1",
                 "MPLBACKEND": "module://matplotlib_inline.backend_inline",
                 "TERM": "dumb",
                 "NO_COLOR": "1",

@@ -101,6 +101,16 @@ async def test_kernels_started_together_on_a_busy_machine_answer_every_execution
             await spinner.aclose()
 
 
+async def test_the_kernel_starts_without_the_debugger_and_code_can_still_import_debugpy(executor: CodeExecutor) -> None:
+    # Importing debugpy for ipykernel's debugger is a third of the kernel's start-up; it is skipped.
+    code = (
+        "from ipykernel.debugger import _is_debugpy_available\n"
+        "import debugpy\n"
+        "print(_is_debugpy_available, debugpy.__name__)"
+    )
+    assert (await executor.execute(code)).text == "False debugpy\n"
+
+
 async def test_a_matplotlib_plot_comes_back_as_png_bytes_and_a_workspace_file(
     executor: CodeExecutor, module_workspace: Path
 ) -> None:
