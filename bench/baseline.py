@@ -1,4 +1,8 @@
-"""Floors under the tool numbers, measured with a plain MCP client in the host process.
+"""Floors under the numbers, measured with plain clients in the host process.
+
+`kernel_floor`: a plain ipykernel driven by jupyter_client's own client (no sandbox, no ipybox):
+start until ready, and `execute_interactive("1+1")` until idle. The issue's kernel targets were set
+against this floor on a faster machine; it moves with the machine, so it is measured in every run.
 
 `direct_call`: `add` on the bench server over stdio, with no kernel, sandbox, tool channel or
 approval in between. No executor can make a tool call cheaper than this.
@@ -17,12 +21,45 @@ from typing import Any
 
 import anyio
 import benchlib
+from jupyter_client.manager import AsyncKernelManager
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
-__all__ = ("connect_and_list", "direct_call")
+__all__ = ("connect_and_list", "direct_call", "kernel_floor")
 
 # Bounds the whole measurement; a direct call takes ~1-3 ms, so this only trips on a hang.
 BASELINE_TIMEOUT = 120.0
+
+
+def _ignore(_: dict[str, Any]) -> None:
+    pass
+
+
+async def kernel_floor(*, starts: int = 5, executes: int = 200, warmup: int = 20) -> dict[str, Any]:
+    """Start-to-ready and 1+1 round trip of a plain ipykernel through jupyter_client, over ipc."""
+    start_times: list[float] = []
+    rtts: list[float] = []
+    with anyio.fail_after(BASELINE_TIMEOUT):
+        for n in range(starts):
+            manager = AsyncKernelManager(transport="ipc")
+            t0 = time.perf_counter()
+            await manager.start_kernel()  # pyright: ignore[reportUnknownMemberType]
+            client = manager.client()
+            client.start_channels()
+            try:
+                await client.wait_for_ready(timeout=BASELINE_TIMEOUT)
+                start_times.append(time.perf_counter() - t0)
+                if n == starts - 1:
+                    for i in range(warmup + executes):
+                        t0 = time.perf_counter()
+                        reply = await client.execute_interactive("1+1", output_hook=_ignore)  # pyright: ignore[reportUnknownMemberType]
+                        if i >= warmup:
+                            rtts.append(time.perf_counter() - t0)
+                        if reply["content"]["status"] != "ok":
+                            raise RuntimeError(f"plain kernel answered {reply['content']!r} to 1+1")
+            finally:
+                client.stop_channels()
+                await manager.shutdown_kernel(now=True)  # pyright: ignore[reportUnknownMemberType]
+    return {"start_ready": benchlib.summarize(start_times), "execute_1plus1": benchlib.summarize(rtts)}
 
 
 async def direct_call(*, calls: int = 200, warmup: int = 20) -> dict[str, Any]:

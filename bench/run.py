@@ -186,9 +186,10 @@ def _loadavg() -> float:
 
 
 def measure_baselines(quick: bool) -> dict[str, dict[str, Any]]:
-    """Floors measured with a plain MCP client in this process, for reading the MCP rows."""
-    _log("--- baselines: plain MCP client in the host process")
+    """Floors measured with plain clients in this process, for reading the kernel and MCP rows."""
+    _log("--- baselines: plain jupyter_client and MCP clients in the host process")
     jobs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
+        "kernel_floor": partial(baseline.kernel_floor, starts=3 if quick else 5),
         "direct_call_benchsrv": baseline.direct_call,
     }
     if EVERYTHING_BIN.exists():
@@ -306,7 +307,18 @@ def main() -> None:
     floors = measure_baselines(args.quick)
     rows = comparison(ours, peer)
     print_table(rows, ours, peer)
-    print("floors, measured with a plain MCP client in this process:")
+    print("floors, measured with plain clients in this process:")
+    kernel = floors["kernel_floor"]
+    if "na" in kernel:
+        print(f"  plain ipykernel via jupyter_client: {_cell(kernel)}")
+    else:
+        print(f"  plain ipykernel via jupyter_client, start -> ready: {_cell(kernel['start_ready'])}")
+        print(f"  plain ipykernel via jupyter_client, execute_interactive('1+1'): {_cell(kernel['execute_1plus1'])}")
+        for key, label in (("start_ready", "start -> ready"), ("execute_1plus1", "execute('1+1')")):
+            mine, floor = ours["metrics"].get(key, {}), kernel[key]
+            if "median" in mine and "median" in floor:
+                above = float(mine["median"]) - float(floor["median"])
+                print(f"  ours above that floor, {label}: {above:+.2f} ms")
     print(f"  benchsrv add() called straight from the host (no kernel): {_cell(floors['direct_call_benchsrv'])}")
     if "connect_list_everything" in floors:
         print(f"  everything: spawn + initialize + list_tools: {_cell(floors['connect_list_everything'])}")
