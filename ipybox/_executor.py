@@ -401,17 +401,21 @@ class CodeExecutor:
 
         start = anyio.current_time()
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(consume)
-                timed_out = not await _wait_budget(finished, execution)
-                if timed_out:
-                    kernel.interrupt()
-                    with anyio.move_on_after(INTERRUPT_GRACE):
-                        await finished.wait()
-                    if not finished.is_set():
-                        restarted = True
-                        await kernel.kill_and_wait()
-                        tg.cancel_scope.cancel()
+            if execution.timeout is None:
+                # Nothing to watch, so no watcher task: it would cost a few event-loop turns per execution.
+                await consume()
+            else:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume)
+                    timed_out = not await _wait_budget(finished, execution)
+                    if timed_out:
+                        kernel.interrupt()
+                        with anyio.move_on_after(INTERRUPT_GRACE):
+                            await finished.wait()
+                        if not finished.is_set():
+                            restarted = True
+                            await kernel.kill_and_wait()
+                            tg.cancel_scope.cancel()
         except anyio.get_cancelled_exc_class():
             # Cancelled by Execution.cancel() or executor shutdown: stop the code, keep the kernel.
             with anyio.CancelScope(shield=True):
