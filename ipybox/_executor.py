@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
+import logging
 import math
 import os
 import secrets
@@ -36,7 +38,18 @@ from ._exceptions import (
     UsageError,
 )
 from ._execution import Execution
-from ._kernel import Display, Error, Kernel, KernelEvent, Limits, Reply, Stream, default_python, strip_ansi
+from ._kernel import (
+    Display,
+    Error,
+    Kernel,
+    KernelEvent,
+    Limits,
+    Reply,
+    Stream,
+    bytecode_missing,
+    default_python,
+    strip_ansi,
+)
 from ._manifest import MANIFEST_DIR, load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._packages import install_package
@@ -46,6 +59,8 @@ from ._toolserver import ToolCall, ToolCallDenied, ToolServer
 from ._workspace import read_file, write_file
 
 __all__ = ("CodeExecutor",)
+
+logger = logging.getLogger(__name__)
 
 # Time a kernel gets to stop the code after an interrupt before it is killed and restarted.
 INTERRUPT_GRACE = 2.0
@@ -158,6 +173,8 @@ class CodeExecutor:
         return self
 
     async def _start(self, stack: AsyncExitStack) -> None:
+        if self.sandbox is not None:
+            _check_bytecode()
         # Private to this executor: the tool socket and the packages installed for the kernel.
         self._home = Path(tempfile.mkdtemp(prefix="ipybox-"))
         stack.callback(shutil.rmtree, self._home, ignore_errors=True)
@@ -514,6 +531,17 @@ class CodeExecutor:
         data = await anyio.to_thread.run_sync(read_file, self.workspace, src)
         await anyio.Path(dst).write_bytes(data)
         return Path(dst)
+
+
+@functools.cache
+def _check_bytecode() -> None:
+    """Warn once per process when sandboxed kernels will compile ipykernel & co. on every start."""
+    if bytecode_missing():
+        logger.warning(
+            "the Python environment has no compiled bytecode for ipykernel; each sandboxed kernel start "
+            "compiles it again (~0.3 s). Install with bytecode: pip does by default, uv needs "
+            "'--compile-bytecode' (or UV_COMPILE_BYTECODE=1); or run 'python -m compileall' on site-packages."
+        )
 
 
 def _check_timeout(timeout: object) -> None:

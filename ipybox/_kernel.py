@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import importlib.util
 import json
 import os
 import re
@@ -496,6 +497,19 @@ class Kernel:
             }
         except ValueError:
             return None
+
+
+def bytecode_missing() -> bool:
+    """Whether ipykernel was installed without compiled bytecode.
+
+    A sandboxed kernel sees the environment read-only, so it cannot cache what it compiles and
+    compiles IPython, ipykernel and their dependencies from source on every start.
+    """
+    spec = importlib.util.find_spec("ipykernel")
+    if spec is None or spec.origin is None:
+        return False
+    cached = Path(importlib.util.cache_from_source(str(Path(spec.origin).with_name("kernelapp.py"))))
+    return not cached.exists()
 
 
 def default_python() -> list[str]:

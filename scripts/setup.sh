@@ -18,7 +18,10 @@ if ! python3 -m uv --version >/dev/null 2>&1; then
     || python3 -m pip install --quiet --user uv
 fi
 
-python3 -m uv sync --frozen --quiet
+# Bytecode is compiled now because the sandboxed kernel sees the venv read-only and would otherwise
+# compile IPython & co. from source on every start (~0.3 s each time).
+python3 -m uv sync --frozen --quiet --compile-bytecode
+.venv/bin/python -m compileall -q ipybox_kernel >/dev/null
 
 if [ -f package-lock.json ]; then
   npm ci --silent --no-audit --no-fund >/dev/null

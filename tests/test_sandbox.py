@@ -12,6 +12,7 @@ import pytest
 
 from ipybox import CodeExecutor, Limits, SandboxConfig, UsageError
 from ipybox._cgroup import pids_cgroups_available
+from ipybox._kernel import bytecode_missing
 
 pytestmark = pytest.mark.anyio
 
@@ -219,3 +220,9 @@ async def test_a_fork_bomb_stops_at_the_process_limit_and_the_executor_keeps_wor
         result = await ex.execute(code)
         assert result.text == "stopped: BlockingIOError\nTrue\n"
         assert (await ex.execute("1 + 1")).text == "2\n"
+
+
+def test_the_environment_has_compiled_bytecode_for_the_sandboxed_kernel() -> None:
+    # The sandbox mounts the environment read-only; without bytecode every kernel start compiles
+    # IPython and ipykernel again (scripts/setup.sh installs with --compile-bytecode).
+    assert not bytecode_missing()
