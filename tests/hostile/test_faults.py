@@ -30,7 +30,7 @@ from ipybox import (
     StdioServer,
 )
 
-from .conftest import FAULTY_SERVER, kernel_of, run, run_dirs, wait_until_gone
+from .conftest import FAULTY_SERVER, descendants, kernel_of, run, run_dirs, wait_until_gone
 
 pytestmark = pytest.mark.anyio
 
@@ -148,6 +148,33 @@ async def test_a_kernel_killed_from_outside_mid_execution_is_kernel_died_and_a_n
         await wait_until_gone(str(old.run_dir))
         dirs.append(kernel_of(ex).run_dir)
     await assert_nothing_left(dirs)
+
+
+def sandbox_init_and_kernel(sandbox: int) -> tuple[int, int]:
+    """Host pids of bwrap's init in the sandbox's PID namespace and of the kernel process below it."""
+    python = os.path.realpath(sys.executable)
+    kernel = next(pid for pid in descendants(sandbox) if os.readlink(f"/proc/{pid}/exe") == python)
+    init = int(Path(f"/proc/{kernel}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return init, kernel
+
+
+async def test_a_kernel_that_dies_while_its_sandbox_init_is_stopped_is_still_kernel_died(tmp_path: Path) -> None:
+    """A stopped init never reaps the kernel, so bwrap does not exit; the host watches the kernel itself."""
+    async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
+        dirs = run_dirs(ex)
+        old = kernel_of(ex)
+        init, kernel = sandbox_init_and_kernel(old.pid)
+        os.kill(init, signal.SIGSTOP)
+        execution = ex.execute("import time\nprint('running', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+        with anyio.fail_after(30), pytest.raises(KernelDied):
+            async for event in execution:
+                if isinstance(event, CodeExecutionChunk):
+                    os.kill(kernel, signal.SIGKILL)
+        # The stopped init went down with the sandbox.
+        await wait_until_gone(str(old.run_dir))
+        assert (await run(ex, "print('fresh')")).text == "fresh\n"
+        dirs.append(kernel_of(ex).run_dir)
+    await assert_nothing_left(dirs, [init, kernel])
 
 
 async def test_deleting_the_kernels_run_directory_under_it_does_not_strand_anything(tmp_path: Path) -> None:
