@@ -190,26 +190,66 @@ async def test_deleting_the_kernels_run_directory_under_it_does_not_strand_anyth
     await assert_nothing_left(dirs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="when the executor's private dir (ipybox-*/tools.sock, packages) is deleted, e.g. by a /tmp "
-    "cleaner, the next kernel start raises UsageError inside the executor's task group instead of a "
-    "KernelStartError, and the executor is broken (fix: recreate the dir and rebind the socket, or catch it)",
-)
-async def test_deleting_the_executors_private_directory_ends_in_a_clear_error_or_recovery(tmp_path: Path) -> None:
+ECHO = CATCH.format(tool="echo", args={"text": "x"})
+
+
+async def test_deleting_the_executors_private_directory_while_idle_keeps_tools_working_and_is_repaired(
+    tmp_path: Path,
+) -> None:
+    """A /tmp cleaner removes ipybox-*/ (tool socket, packages) while the kernel idles."""
     async with CodeExecutor(workspace=tmp_path, tools_dir=None, approval="auto") as ex:
         ex.register_mcp_server("faulty", faulty(tmp_path / "pid"))
         dirs = run_dirs(ex)
-        shutil.rmtree(dirs[0])
+        home = dirs[0]
+        shutil.rmtree(home)
         # The sandbox's bind mount still holds the socket's inode: the running kernel keeps its tools.
-        result = await run(ex, CATCH.format(tool="echo", args={"text": "x"}))
-        assert result.text == "returned\n", result.text
+        assert (await run(ex, ECHO)).text == "returned\n"
+        with pytest.raises(KernelDied):
+            await ex.execute("import os\nos._exit(3)")
+        # The replacement kernel gets the directory and a freshly bound socket back.
         with anyio.fail_after(60):
-            try:
+            assert (await run(ex, ECHO)).text == "returned\n"
+        assert (home / "tools.sock").is_socket()
+        assert (home / "packages").is_dir()
+        assert home.stat().st_mode & 0o777 == 0o700
+        dirs.append(kernel_of(ex).run_dir)
+    await assert_nothing_left(dirs)
+
+
+async def test_deleting_the_executors_private_directory_then_reset_recovers(tmp_path: Path) -> None:
+    async with CodeExecutor(workspace=tmp_path, tools_dir=None, approval="auto") as ex:
+        ex.register_mcp_server("faulty", faulty(tmp_path / "pid"))
+        dirs = run_dirs(ex)
+        await run(ex, "x = 1")
+        shutil.rmtree(dirs[0])
+        with anyio.fail_after(60):
+            await ex.reset()
+            assert (await run(ex, "print('x' in globals())")).text == "False\n"
+            assert (await run(ex, ECHO)).text == "returned\n"
+        dirs.append(kernel_of(ex).run_dir)
+    await assert_nothing_left(dirs)
+
+
+async def test_a_private_directory_that_cannot_be_restored_is_a_kernel_start_error_and_the_next_attempt_works(
+    tmp_path: Path,
+) -> None:
+    """After the deletion someone else creates a directory of the same name: ipybox must not use it."""
+    async with CodeExecutor(workspace=tmp_path, tools_dir=None, approval="auto") as ex:
+        ex.register_mcp_server("faulty", faulty(tmp_path / "pid"))
+        dirs = run_dirs(ex)
+        home = dirs[0]
+        shutil.rmtree(home)
+        home.mkdir()
+        home.chmod(0o777)
+        with anyio.fail_after(60):
+            with pytest.raises(KernelStartError, match=str(home)) as info:
                 await ex.reset()
-                assert (await run(ex, "print('after reset')")).text == "after reset\n"
-            except KernelStartError as exc:
-                assert "ipybox-" in str(exc)
+            assert "does not own exclusively" in str(info.value)
+            assert not (home / "tools.sock").exists()
+            # The cause goes away; the next execution gets a fresh attempt, not the old error.
+            home.rmdir()
+            assert (await run(ex, ECHO)).text == "returned\n"
+        dirs.append(kernel_of(ex).run_dir)
     await assert_nothing_left(dirs)
 
 
