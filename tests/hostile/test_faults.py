@@ -10,6 +10,7 @@ execution must work.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -281,10 +282,10 @@ async def test_stopping_the_executor_while_a_call_waits_for_approval_runs_nothin
         assert (await run(ex, "print('next')")).text == "next\n"
 
 
-async def test_cancelling_the_host_task_detaches_and_cancel_stops_the_code_keeping_the_kernel(
+async def test_cancelling_the_host_task_detaches_a_keyed_execution_and_cancel_stops_the_code_keeping_the_kernel(
     tmp_path: Path,
 ) -> None:
-    """Cancelling the task that awaits an execution does not stop the code (executions are handles that
+    """Cancelling the task that iterates an execution started with a key does not stop the code (it
     can be re-attached by key); ``Execution.cancel()`` does, and the kernel keeps its state."""
     async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
         dirs = run_dirs(ex)
@@ -304,6 +305,41 @@ async def test_cancelling_the_host_task_detaches_and_cancel_stops_the_code_keepi
         execution.cancel()
         with anyio.fail_after(30), pytest.raises(ExecutionCancelled):
             await execution
+        assert (await run(ex, "print(state)")).text == "kept\n"
+    await assert_nothing_left(dirs)
+
+
+async def test_cancelling_the_last_task_awaiting_an_execution_without_a_key_stops_the_code(tmp_path: Path) -> None:
+    """Without a key nobody can come back to the execution: when the last task awaiting it is
+    cancelled (a timeout around ``await``), the code is interrupted; while another task still
+    awaits it, it runs on."""
+    marker = tmp_path / "finished"
+    code = f"import time\nprint('sleeping', flush=True)\ntime.sleep(30)\nopen({str(marker)!r}, 'w').write('x')\n"
+    async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
+        dirs = run_dirs(ex)
+        await run(ex, "state = 'kept'")
+        execution = ex.execute(code)
+
+        async def wait_for_it() -> None:
+            await execution
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(wait_for_it)
+                async with anyio.create_task_group() as inner:
+                    inner.start_soon(wait_for_it)
+                    async with contextlib.aclosing(execution.events()) as events:
+                        async for event in events:
+                            if isinstance(event, CodeExecutionChunk):
+                                break
+                    inner.cancel_scope.cancel()
+                # One waiter is left: the code runs on.
+                assert not execution._cancel_requested
+                outer.cancel_scope.cancel()
+            assert execution._cancel_requested
+            with pytest.raises(ExecutionCancelled):
+                await execution
+        assert not marker.exists()
         assert (await run(ex, "print(state)")).text == "kept\n"
     await assert_nothing_left(dirs)
 
