@@ -369,7 +369,9 @@ class CodeExecutor:
                 executor's ``timeout``. When it runs out the kernel is interrupted, and restarted
                 if it does not stop within `INTERRUPT_GRACE` seconds.
             key: Makes starting idempotent: while this executor runs, the same key returns the same
-                execution, and the code runs once.
+                execution, and the code runs once. A keyed execution also outlives the cancellation
+                of the task awaiting it (re-attach with `attach`); one without a key is cancelled
+                when the last task awaiting or iterating it is cancelled (see `Execution`).
 
         Raises:
             UsageError: ``code`` is not a string, the timeout is not positive, or ``key`` was used
