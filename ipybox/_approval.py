@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, NoReturn, TypeAlias, cast
 
 import anyio
 
@@ -35,6 +35,46 @@ class ApprovalDecision:
     by: Literal["application", "policy", "timeout"] = "application"
 
 
+class _FrozenDict(dict[str, Any]):
+    """A read-only dict: JSON encoders and ``dict(...)`` take it like any dict, changes raise.
+
+    Copies (``copy.copy``, ``copy.deepcopy``, pickling) are ordinary, mutable dicts.
+    """
+
+    def _read_only(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("ApprovalRequest.tool_args is read-only; copy.deepcopy() it for a mutable copy")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only  # pyright: ignore[reportAssignmentType]
+
+    def __copy__(self) -> dict[str, Any]:
+        return dict(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> dict[str, Any]:
+        return {key: _thaw(value) for key, value in self.items()}
+
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
+        return dict, (self.__deepcopy__({}),)
+
+
+def _freeze(value: Any) -> Any:
+    """A deep, read-only copy of JSON-like data: mappings become `_FrozenDict`, lists tuples."""
+    if isinstance(value, Mapping):
+        items = cast("Mapping[str, Any]", value).items()
+        return _FrozenDict({key: _freeze(item) for key, item in items})
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(item) for item in cast("list[Any] | tuple[Any, ...]", value))
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _thaw(item) for key, item in cast("dict[str, Any]", value).items()}
+    if isinstance(value, tuple):
+        return [_thaw(item) for item in cast("tuple[Any, ...]", value)]
+    return value
+
+
 @dataclass(eq=False, kw_only=True)
 class ApprovalRequest:
     """A tool call from the kernel that waits for the application's decision.
@@ -49,12 +89,19 @@ class ApprovalRequest:
     server_name: str
     tool_name: str
     tool_args: Mapping[str, Any]
+    """The arguments, as a deep read-only copy (nested mappings read-only, lists as tuples); it
+    serializes to JSON like a dict. The call runs with the arguments parsed on the host, never
+    with this object, so neither the application nor kernel code can change what runs after the
+    request was made."""
     server: str
     """What the host will run or call for this server: its command line or URL."""
     annotations: Mapping[str, Any] | None = None
     """The tool's MCP annotations, e.g. ``{"readOnlyHint": True}``."""
     _decided: anyio.Event = field(default_factory=anyio.Event, repr=False)
     _decision: ApprovalDecision | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.tool_args = _freeze(self.tool_args)
 
     def __str__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.tool_args.items())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Generator
 from typing import Any
 
 import anyio
@@ -28,6 +28,16 @@ class Execution:
     `CodeExecutionResult`. The code runs whether or not anyone consumes it. Every event is kept,
     so any number of consumers can iterate, each from the start or from any index
     (`events(start)`); iteration ends by raising the execution's exception, if it failed.
+
+    Cancelling the task that awaits or iterates an execution (a timeout around ``await``, a
+    cancelled request) depends on whether it was started with a ``key``:
+
+    - without a key, nobody could come back to it: once no other task awaits or iterates it, it
+      is cancelled like `cancel` does (the kernel is interrupted and keeps its state);
+    - with a key, it keeps running (or keeps waiting for approval) and stays attachable with
+      `CodeExecutor.attach`; stop it with `cancel` or bound it with a timeout.
+
+    Leaving an ``async for`` early (``break``) only stops consuming; the code runs on.
     """
 
     def __init__(self, code: str, *, key: str | None, timeout: float | None) -> None:
@@ -62,7 +72,7 @@ class Execution:
         """The events so far, in order."""
         return tuple(self._log)
 
-    async def events(self, start: int = 0) -> AsyncIterator[ExecutionEvent]:
+    async def events(self, start: int = 0) -> AsyncGenerator[ExecutionEvent]:
         """Yield the events from index ``start`` on, waiting for new ones until the end.
 
         Raises:
@@ -71,6 +81,7 @@ class Execution:
         """
         index = start
         self._iterating += 1
+        abandoned = False
         try:
             while True:
                 changed = self._changed
@@ -81,9 +92,15 @@ class Execution:
                     if self._error is not None:
                         raise self._error
                     return
-                await changed.wait()
+                try:
+                    await changed.wait()
+                except anyio.get_cancelled_exc_class():
+                    abandoned = True
+                    raise
         finally:
             self._iterating -= 1
+            if abandoned:
+                self._abandoned()
 
     def __aiter__(self) -> AsyncIterator[ExecutionEvent]:
         return self.events(0)
@@ -101,11 +118,17 @@ class Execution:
             KernelDied: The kernel died while running it.
         """
         self._awaiting += 1
+        abandoned = False
         try:
             self._reject_unanswerable()
             await self._done.wait()
+        except anyio.get_cancelled_exc_class():
+            abandoned = True
+            raise
         finally:
             self._awaiting -= 1
+            if abandoned:
+                self._abandoned()
         if self._error is not None:
             raise self._error
         assert self._result is not None
@@ -121,6 +144,12 @@ class Execution:
             self._cancel_scope.cancel()
         else:
             self._fail(ExecutionCancelled("the execution was cancelled before it started"))
+
+    def _abandoned(self) -> None:
+        """A waiting task was cancelled: cancel an execution nobody can come back to (see the
+        class docstring)."""
+        if self.key is None and not self._iterating and not self._awaiting:
+            self.cancel()
 
     def approval(self, request_id: str) -> ApprovalRequest:
         """The approval request with this id (stable: ``f"{execution.id}:{n}"``).

@@ -14,6 +14,7 @@ import math
 import os
 import secrets
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -149,6 +150,8 @@ class CodeExecutor:
         self._kernel_changed = anyio.Event()
         self._restart = anyio.Event()
         self._start_error: KernelStartError | None = None
+        # Whether a caller has been given _start_error; the next caller then gets a fresh attempt.
+        self._start_error_reported = False
         self._by_key: dict[str, Execution] = {}
         self._current: Execution | None = None
         self._home: Path | None = None
@@ -258,6 +261,7 @@ class CodeExecutor:
         while True:
             self._restart = anyio.Event()
             try:
+                self._restore_home()
                 async with Kernel.start(
                     python=default_python(),
                     env=self._kernel_env(),
@@ -278,11 +282,47 @@ class CodeExecutor:
             except KernelStartError as exc:
                 if not started:
                     raise
-                self._start_error = exc
-                self._set_kernel(None)
+                self._start_failed(exc)
                 await self._restart.wait()
             finally:
                 self._set_kernel(None)
+
+    def _start_failed(self, error: KernelStartError) -> None:
+        """Record a failed restart and wake whoever waits for a kernel."""
+        self._start_error = error
+        self._start_error_reported = False
+        self._kernel_changed.set()
+        self._kernel_changed = anyio.Event()
+
+    def _restore_home(self) -> None:
+        """Recreate the executor's private directory and tool socket if they were deleted (a
+        ``/tmp`` cleaner), so that the next kernel can mount them.
+
+        Raises:
+            KernelStartError: They cannot be restored; the message names the cause.
+        """
+        home, tools = self._home, self._tools
+        assert home is not None and tools is not None
+        try:
+            try:
+                os.mkdir(home, 0o700)
+            except FileExistsError:
+                info = os.lstat(home)
+                # A /tmp name: after a deletion anyone may have created it, and it would hold the
+                # tool socket and the kernel's importable packages.
+                if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+                    raise KernelStartError(
+                        f"the executor's private directory {str(home)!r} was replaced by one this process "
+                        f"does not own exclusively (uid {info.st_uid}, mode {oct(info.st_mode)}); remove it, "
+                        "or start a new CodeExecutor"
+                    ) from None
+            (home / "packages").mkdir(exist_ok=True)
+            tools.rebind()
+        except (OSError, UsageError) as exc:
+            raise KernelStartError(
+                f"the executor's private directory {str(home)!r} (tool socket, packages) was deleted and "
+                f"cannot be recreated ({exc}); free the cause, or start a new CodeExecutor"
+            ) from exc
 
     def _set_kernel(self, kernel: Kernel | None) -> None:
         if kernel is self._kernel:
@@ -298,9 +338,12 @@ class CodeExecutor:
             if kernel is not None and not kernel.exited.is_set():
                 return kernel
             if kernel is None and self._start_error is not None:
-                error, self._start_error = self._start_error, None
+                if not self._start_error_reported:
+                    self._start_error_reported = True
+                    raise self._start_error
+                # Reported before: this caller gets a fresh attempt, the cause may be gone by now.
+                self._start_error = None
                 self._restart.set()
-                raise error
             await self._kernel_changed.wait()
 
     async def reset(self) -> None:
@@ -342,7 +385,9 @@ class CodeExecutor:
                 executor's ``timeout``. When it runs out the kernel is interrupted, and restarted
                 if it does not stop within `INTERRUPT_GRACE` seconds.
             key: Makes starting idempotent: while this executor runs, the same key returns the same
-                execution, and the code runs once.
+                execution, and the code runs once. A keyed execution also outlives the cancellation
+                of the task awaiting it (re-attach with `attach`); one without a key is cancelled
+                when the last task awaiting or iterating it is cancelled (see `Execution`).
 
         Raises:
             UsageError: ``code`` is not a string, the timeout is not positive, or ``key`` was used

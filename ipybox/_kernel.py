@@ -44,7 +44,7 @@ from jupyter_client.session import Session
 
 from ._cgroup import PidsCgroup
 from ._exceptions import KernelDied, KernelStartError
-from ._sandbox import SandboxConfig, bwrap_argv
+from ._sandbox import SandboxConfig, bwrap_argv, sandbox_filter_fd
 
 __all__ = (
     "Display",
@@ -66,6 +66,11 @@ _BUFFER = 256
 _KILL_WAIT = 5.0
 # Bytes of the kernel's raw stderr kept for error messages.
 _STDERR_TAIL = 8192
+# After the sandboxed kernel process exits, bwrap normally follows within milliseconds with the
+# kernel's exit code; past this it is stuck (a stopped or hung init) and the sandbox is killed.
+_SANDBOX_EXIT_GRACE = 2.0
+# bwrap, bwrap's PID-namespace init, then the kernel: never deeper than this below our child.
+_SANDBOX_DEPTH = 4
 
 _Channel = Literal["shell", "iopub", "control"]
 # Separates ZMQ routing identities from the signed parts of a Jupyter message.
@@ -203,6 +208,7 @@ class Kernel:
         run_dir = run_dir or Path(tempfile.mkdtemp(prefix="ipybox-"))
         sockets: dict[_Channel, zmq.Socket[bytes]] = {}
         cgroup: PidsCgroup | None = None
+        seccomp_fd: int | None = None
         try:
             env = dict(env)
             if "HOME" not in env:
@@ -223,6 +229,7 @@ class Kernel:
                 if value is not None:
                     argv += [flag, str(value)]
             if sandbox is not None:
+                seccomp_fd = sandbox_filter_fd()
                 argv = [
                     *bwrap_argv(
                         sandbox,
@@ -231,6 +238,7 @@ class Kernel:
                         tools_dir=tools_dir,
                         hidden=hidden,
                         tmp_size=limits.tmp_bytes,
+                        seccomp_fd=seccomp_fd,
                     ),
                     *argv,
                 ]
@@ -246,7 +254,11 @@ class Kernel:
                 env=env,
                 cwd=workspace,
                 start_new_session=True,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
             )
+            # bwrap has its own copy; ours must not leak into later children.
+            _close_fd(seccomp_fd)
+            seccomp_fd = None
             session = Session(key=key, signature_scheme="hmac-sha256")
             context = cast("zmq.Context[zmq.Socket[bytes]]", zmq.Context.instance())
             channels: tuple[tuple[_Channel, int], ...] = (
@@ -280,6 +292,8 @@ class Kernel:
                         )
                     except KernelStartError as exc:
                         failure = exc
+                    if failure is None and sandbox is not None:
+                        tg.start_soon(kernel._watch_sandboxed_kernel, python[0])
                     if failure is not None:
                         # Raised after the task group has closed, so it is not wrapped in a group.
                         kernel.kill()
@@ -297,6 +311,7 @@ class Kernel:
                 with anyio.CancelScope(shield=True):
                     await process.aclose()
         finally:
+            _close_fd(seccomp_fd)
             for socket in sockets.values():
                 socket.close()
             if cgroup is not None:
@@ -422,6 +437,30 @@ class Kernel:
         for send in list(self._waiters.values()):
             send.close()
 
+    async def _watch_sandboxed_kernel(self, executable: str) -> None:
+        """Kill the sandbox when the kernel process inside it exits and the sandbox does not follow.
+
+        The process we wait on is bwrap; it exits when the kernel does only if bwrap's init in the
+        PID namespace reaps it. A stopped or hung init (kernel code can reach it: same uid) would
+        leave a dead kernel unnoticed, so the kernel's own host pid is watched through a pidfd.
+        """
+        pid = _sandboxed_kernel_pid(self._process.pid, executable)
+        if pid is None:
+            return
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pidfd = None
+        if pidfd is not None:
+            try:
+                # A pidfd turns readable when its process exits.
+                await anyio.wait_readable(pidfd)
+            finally:
+                os.close(pidfd)
+        with anyio.move_on_after(_SANDBOX_EXIT_GRACE):
+            await self.exited.wait()
+        self.kill()
+
     async def _read_stderr(self) -> None:
         stream = self._process.stderr
         assert stream is not None
@@ -510,6 +549,29 @@ def bytecode_missing() -> bool:
         return False
     cached = Path(importlib.util.cache_from_source(str(Path(spec.origin).with_name("kernelapp.py"))))
     return not cached.exists()
+
+
+def _sandboxed_kernel_pid(root: int, executable: str) -> int | None:
+    """The host pid of the kernel process below ``root`` (our bwrap child): the first descendant
+    running ``executable``. None if it cannot be found (no ``/proc/<pid>/task/<pid>/children``)."""
+    target = os.path.realpath(executable)
+    pids = [root]
+    for _ in range(_SANDBOX_DEPTH):
+        below: list[int] = []
+        for pid in pids:
+            try:
+                if os.readlink(f"/proc/{pid}/exe") == target:
+                    return pid
+                below += [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            except OSError:
+                continue
+        pids = below
+    return None
+
+
+def _close_fd(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 def default_python() -> list[str]:

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Literal
 
 from ._exceptions import SandboxUnavailable, UsageError
+from ._seccomp import filter_pipe, syscall_filter
 
-__all__ = ("SandboxConfig", "bwrap_argv", "resolve_sandbox")
+__all__ = ("SandboxConfig", "bwrap_argv", "resolve_sandbox", "sandbox_filter_fd")
 
 # Secrets under /etc that are world-readable on some systems; masked whatever their mode.
 _ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "security/opasswd")
@@ -95,11 +96,25 @@ def _bwrap_path() -> str:
 @functools.cache
 def _check_bwrap() -> None:
     bwrap = _bwrap_path()
-    probe = [bwrap, *_isolation_flags(), "--ro-bind", "/", "/", "--", "true"]
+    probe = [bwrap, *_isolation_flags(), "--ro-bind", "/", "/"]
+    # With the seccomp filter: a kernel built without seccomp support fails here, not at kernel start.
+    fd = sandbox_filter_fd()
+    if fd is not None:
+        probe += ["--seccomp", str(fd)]
     try:
-        done = subprocess.run(probe, capture_output=True, text=True, timeout=_PROBE_TIMEOUT, check=False)
+        done = subprocess.run(
+            [*probe, "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT,
+            check=False,
+            pass_fds=() if fd is None else (fd,),
+        )
     except subprocess.TimeoutExpired:
         raise SandboxUnavailable("bwrap", "a test run of bwrap did not finish") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
     if done.returncode != 0:
         raise SandboxUnavailable(
             "bwrap",
@@ -107,6 +122,13 @@ def _check_bwrap() -> None:
             "(check 'sysctl kernel.unprivileged_userns_clone' or AppArmor's userns restriction), "
             "or pass sandbox=None to run without a sandbox",
         )
+
+
+def sandbox_filter_fd() -> int | None:
+    """A descriptor holding the sandbox's seccomp filter, for `bwrap_argv`'s ``seccomp_fd``; None
+    where ipybox has no syscall table for this machine. The caller closes it once bwrap started."""
+    program = syscall_filter()
+    return filter_pipe(program) if program is not None else None
 
 
 def _etc_secrets() -> tuple[list[str], list[str]]:
@@ -168,9 +190,16 @@ def bwrap_argv(
     tools_dir: Path | None,
     hidden: Sequence[Path] = (),
     tmp_size: int | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
-    """The bwrap command line that runs a program with the given mounts (the program follows ``--``)."""
+    """The bwrap command line that runs a program with the given mounts (the program follows ``--``).
+
+    ``seccomp_fd`` is a descriptor the child inherits that yields `syscall_filter` (see
+    `sandbox_filter_fd`).
+    """
     argv = [_bwrap_path(), *_isolation_flags()]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     for top in _SYSTEM_DIRS:
         if os.path.islink(top):
             argv += ["--symlink", os.readlink(top), top]

@@ -294,6 +294,31 @@ class ToolServer:
             listener.close()
             _remove_socket(self._socket_path, inode)
 
+    def rebind(self) -> None:
+        """Bind the socket file again if it is gone (deleted by a ``/tmp`` cleaner, say).
+
+        The old listener keeps serving the connections it has and anyone who still reaches its
+        inode (a sandbox bind-mounts the file, not the path). The socket's directory must exist.
+
+        Raises:
+            UsageError: The server is not running, or the socket path is unusable.
+            OSError: The socket could not be bound.
+        """
+        tg = self._task_group
+        if tg is None:
+            raise UsageError("rebind() needs a running ToolServer ('await task_group.start(server.run)')")
+        if os.path.lexists(self._socket_path):
+            return
+        listener = _bind_socket(self._socket_path)
+        tg.start_soon(self._serve_listener, listener, os.stat(self._socket_path).st_ino, tg)
+
+    async def _serve_listener(self, listener: socket.socket, inode: int, tg: anyio.abc.TaskGroup) -> None:
+        try:
+            await self._accept(listener, tg)
+        finally:
+            listener.close()
+            _remove_socket(self._socket_path, inode)
+
     # -- connections -------------------------------------------------------------------------------
 
     async def _accept(self, listener: socket.socket, tg: anyio.abc.TaskGroup) -> None:

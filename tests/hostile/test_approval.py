@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -120,3 +123,61 @@ async def test_the_call_that_runs_has_exactly_the_arguments_that_were_approved(
     assert result is not None
     assert approved[0]["customer"]["address"]["city"] == "Approved City"
     assert "to Approved City, DE: 1 items, total 1.00, priority normal" in result.text
+
+
+def force(mapping: Mapping[str, Any], key: str, value: object) -> None:
+    """Change a read-only mapping the way determined code could, past its guard."""
+    plain: dict[str, Any] = {}
+    type(plain).__setitem__(cast("dict[str, Any]", mapping), key, value)
+
+
+async def test_approval_of_a_call_whose_arguments_change_after_the_request_runs_what_was_approved(
+    module_workspace: Path, tools_dir: Path
+) -> None:
+    """The application (a callback here, or an event consumer) gets a read-only copy: changing it
+    fails, and even a change forced past the guard does not reach the call."""
+    seen: list[str] = []
+
+    def meddle(request: ApprovalRequest) -> bool:
+        args: Any = request.tool_args  # used as an untyped application would
+        for attempt in (
+            lambda: args.__setitem__("priority", "urgent"),
+            lambda: args["customer"]["address"].update(city="Evil City"),
+            lambda: args["items"][0].pop("quantity"),
+        ):
+            with pytest.raises(TypeError, match="read-only"):
+                attempt()
+        with pytest.raises(AttributeError):
+            args["items"].append({"sku": "EVIL", "quantity": 1, "unit_price": 0.0})  # a tuple
+        # Forced past the guard: this changes the application's copy only.
+        force(args["customer"]["address"], "city", "Evil City")
+        force(args, "priority", "urgent")
+        seen.append(json.dumps(args, sort_keys=True))
+        return True
+
+    code = (
+        "from ipybox_kernel import call_tool\n"
+        "args = {'customer': {'name': 'Alice', 'address': {'street': 'a', 'city': 'Approved City', 'country': 'DE'}},"
+        " 'items': [{'sku': 'ABC-123', 'quantity': 1, 'unit_price': 1.0}]}\n"
+        "print(call_tool('test', 'create_order', args).text)\n"
+    )
+    async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir, approval=meddle) as ex:
+        result = await run(ex, code)
+        assert "to Approved City, DE: 1 items, total 1.00, priority normal" in result.text
+        assert len(seen) == 1 and '"city": "Evil City"' in seen[0]
+
+    # Under "ask" the event consumer gets the same kind of copy; a deep copy of it is an ordinary dict.
+    add = "from ipybox_kernel import call_tool\nprint(call_tool('test', 'add', {'a': 2, 'b': 3}).text)\n"
+    async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir, approval="ask") as ex:
+        result: CodeExecutionResult | None = None
+        async for event in ex.execute(add):
+            if isinstance(event, ApprovalRequest):
+                mine = cast("dict[str, Any]", copy.deepcopy(event.tool_args))
+                assert type(mine) is dict
+                mine["a"] = 100
+                force(event.tool_args, "b", 100)
+                await event.accept()
+            elif isinstance(event, CodeExecutionResult):
+                result = event
+        assert result is not None
+        assert result.text == "5\n"

@@ -10,6 +10,7 @@ execution must work.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -30,7 +31,7 @@ from ipybox import (
     StdioServer,
 )
 
-from .conftest import FAULTY_SERVER, kernel_of, run, run_dirs, wait_until_gone
+from .conftest import FAULTY_SERVER, descendants, kernel_of, run, run_dirs, wait_until_gone
 
 pytestmark = pytest.mark.anyio
 
@@ -150,6 +151,33 @@ async def test_a_kernel_killed_from_outside_mid_execution_is_kernel_died_and_a_n
     await assert_nothing_left(dirs)
 
 
+def sandbox_init_and_kernel(sandbox: int) -> tuple[int, int]:
+    """Host pids of bwrap's init in the sandbox's PID namespace and of the kernel process below it."""
+    python = os.path.realpath(sys.executable)
+    kernel = next(pid for pid in descendants(sandbox) if os.readlink(f"/proc/{pid}/exe") == python)
+    init = int(Path(f"/proc/{kernel}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return init, kernel
+
+
+async def test_a_kernel_that_dies_while_its_sandbox_init_is_stopped_is_still_kernel_died(tmp_path: Path) -> None:
+    """A stopped init never reaps the kernel, so bwrap does not exit; the host watches the kernel itself."""
+    async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
+        dirs = run_dirs(ex)
+        old = kernel_of(ex)
+        init, kernel = sandbox_init_and_kernel(old.pid)
+        os.kill(init, signal.SIGSTOP)
+        execution = ex.execute("import time\nprint('running', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+        with anyio.fail_after(30), pytest.raises(KernelDied):
+            async for event in execution:
+                if isinstance(event, CodeExecutionChunk):
+                    os.kill(kernel, signal.SIGKILL)
+        # The stopped init went down with the sandbox.
+        await wait_until_gone(str(old.run_dir))
+        assert (await run(ex, "print('fresh')")).text == "fresh\n"
+        dirs.append(kernel_of(ex).run_dir)
+    await assert_nothing_left(dirs, [init, kernel])
+
+
 async def test_deleting_the_kernels_run_directory_under_it_does_not_strand_anything(tmp_path: Path) -> None:
     async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
         dirs = run_dirs(ex)
@@ -163,26 +191,66 @@ async def test_deleting_the_kernels_run_directory_under_it_does_not_strand_anyth
     await assert_nothing_left(dirs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="when the executor's private dir (ipybox-*/tools.sock, packages) is deleted, e.g. by a /tmp "
-    "cleaner, the next kernel start raises UsageError inside the executor's task group instead of a "
-    "KernelStartError, and the executor is broken (fix: recreate the dir and rebind the socket, or catch it)",
-)
-async def test_deleting_the_executors_private_directory_ends_in_a_clear_error_or_recovery(tmp_path: Path) -> None:
+ECHO = CATCH.format(tool="echo", args={"text": "x"})
+
+
+async def test_deleting_the_executors_private_directory_while_idle_keeps_tools_working_and_is_repaired(
+    tmp_path: Path,
+) -> None:
+    """A /tmp cleaner removes ipybox-*/ (tool socket, packages) while the kernel idles."""
     async with CodeExecutor(workspace=tmp_path, tools_dir=None, approval="auto") as ex:
         ex.register_mcp_server("faulty", faulty(tmp_path / "pid"))
         dirs = run_dirs(ex)
-        shutil.rmtree(dirs[0])
+        home = dirs[0]
+        shutil.rmtree(home)
         # The sandbox's bind mount still holds the socket's inode: the running kernel keeps its tools.
-        result = await run(ex, CATCH.format(tool="echo", args={"text": "x"}))
-        assert result.text == "returned\n", result.text
+        assert (await run(ex, ECHO)).text == "returned\n"
+        with pytest.raises(KernelDied):
+            await ex.execute("import os\nos._exit(3)")
+        # The replacement kernel gets the directory and a freshly bound socket back.
         with anyio.fail_after(60):
-            try:
+            assert (await run(ex, ECHO)).text == "returned\n"
+        assert (home / "tools.sock").is_socket()
+        assert (home / "packages").is_dir()
+        assert home.stat().st_mode & 0o777 == 0o700
+        dirs.append(kernel_of(ex).run_dir)
+    await assert_nothing_left(dirs)
+
+
+async def test_deleting_the_executors_private_directory_then_reset_recovers(tmp_path: Path) -> None:
+    async with CodeExecutor(workspace=tmp_path, tools_dir=None, approval="auto") as ex:
+        ex.register_mcp_server("faulty", faulty(tmp_path / "pid"))
+        dirs = run_dirs(ex)
+        await run(ex, "x = 1")
+        shutil.rmtree(dirs[0])
+        with anyio.fail_after(60):
+            await ex.reset()
+            assert (await run(ex, "print('x' in globals())")).text == "False\n"
+            assert (await run(ex, ECHO)).text == "returned\n"
+        dirs.append(kernel_of(ex).run_dir)
+    await assert_nothing_left(dirs)
+
+
+async def test_a_private_directory_that_cannot_be_restored_is_a_kernel_start_error_and_the_next_attempt_works(
+    tmp_path: Path,
+) -> None:
+    """After the deletion someone else creates a directory of the same name: ipybox must not use it."""
+    async with CodeExecutor(workspace=tmp_path, tools_dir=None, approval="auto") as ex:
+        ex.register_mcp_server("faulty", faulty(tmp_path / "pid"))
+        dirs = run_dirs(ex)
+        home = dirs[0]
+        shutil.rmtree(home)
+        home.mkdir()
+        home.chmod(0o777)
+        with anyio.fail_after(60):
+            with pytest.raises(KernelStartError, match=str(home)) as info:
                 await ex.reset()
-                assert (await run(ex, "print('after reset')")).text == "after reset\n"
-            except KernelStartError as exc:
-                assert "ipybox-" in str(exc)
+            assert "does not own exclusively" in str(info.value)
+            assert not (home / "tools.sock").exists()
+            # The cause goes away; the next execution gets a fresh attempt, not the old error.
+            home.rmdir()
+            assert (await run(ex, ECHO)).text == "returned\n"
+        dirs.append(kernel_of(ex).run_dir)
     await assert_nothing_left(dirs)
 
 
@@ -214,10 +282,10 @@ async def test_stopping_the_executor_while_a_call_waits_for_approval_runs_nothin
         assert (await run(ex, "print('next')")).text == "next\n"
 
 
-async def test_cancelling_the_host_task_detaches_and_cancel_stops_the_code_keeping_the_kernel(
+async def test_cancelling_the_host_task_detaches_a_keyed_execution_and_cancel_stops_the_code_keeping_the_kernel(
     tmp_path: Path,
 ) -> None:
-    """Cancelling the task that awaits an execution does not stop the code (executions are handles that
+    """Cancelling the task that iterates an execution started with a key does not stop the code (it
     can be re-attached by key); ``Execution.cancel()`` does, and the kernel keeps its state."""
     async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
         dirs = run_dirs(ex)
@@ -237,6 +305,41 @@ async def test_cancelling_the_host_task_detaches_and_cancel_stops_the_code_keepi
         execution.cancel()
         with anyio.fail_after(30), pytest.raises(ExecutionCancelled):
             await execution
+        assert (await run(ex, "print(state)")).text == "kept\n"
+    await assert_nothing_left(dirs)
+
+
+async def test_cancelling_the_last_task_awaiting_an_execution_without_a_key_stops_the_code(tmp_path: Path) -> None:
+    """Without a key nobody can come back to the execution: when the last task awaiting it is
+    cancelled (a timeout around ``await``), the code is interrupted; while another task still
+    awaits it, it runs on."""
+    marker = tmp_path / "finished"
+    code = f"import time\nprint('sleeping', flush=True)\ntime.sleep(30)\nopen({str(marker)!r}, 'w').write('x')\n"
+    async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
+        dirs = run_dirs(ex)
+        await run(ex, "state = 'kept'")
+        execution = ex.execute(code)
+
+        async def wait_for_it() -> None:
+            await execution
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as outer:
+                outer.start_soon(wait_for_it)
+                async with anyio.create_task_group() as inner:
+                    inner.start_soon(wait_for_it)
+                    async with contextlib.aclosing(execution.events()) as events:
+                        async for event in events:
+                            if isinstance(event, CodeExecutionChunk):
+                                break
+                    inner.cancel_scope.cancel()
+                # One waiter is left: the code runs on.
+                assert not execution._cancel_requested
+                outer.cancel_scope.cancel()
+            assert execution._cancel_requested
+            with pytest.raises(ExecutionCancelled):
+                await execution
+        assert not marker.exists()
         assert (await run(ex, "print(state)")).text == "kept\n"
     await assert_nothing_left(dirs)
 
