@@ -132,7 +132,8 @@ async def test_dotenv_files_next_to_the_workspace_and_other_sessions_workspaces_
         "paths += glob.glob('/tmp/**/*', recursive=True)\n"
         "found = []\n"
         "for p in paths:\n"
-        "    try:\n        found.append(open(p).read())\n"
+        # Bytes: the glob also finds binary files other tests left in this module's workspace.
+        "    try:\n        found.append(open(p, 'rb').read().decode(errors='replace'))\n"
         "    except OSError:\n        pass\n"
         "print('\\n'.join(found))\n"
     )
