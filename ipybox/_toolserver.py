@@ -125,8 +125,33 @@ class _Reply(Exception):
 class _InFlight:
     """The request a connection is answering; cancelled if the kernel hangs up."""
 
+    request: ToolRequest
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     done: anyio.Event = field(default_factory=anyio.Event)
+
+
+class _Handoff:
+    """Passes requests from a connection's reader to its answerer, one at a time.
+
+    The reader hands over the next request only after the previous one is done, so one slot is
+    enough; an event is cheaper than a memory object stream, whose send and receive each checkpoint.
+    """
+
+    def __init__(self) -> None:
+        self._next: _InFlight | None = None
+        self._ready = anyio.Event()
+
+    def put(self, flight: _InFlight) -> None:
+        assert self._next is None, "the previous request was not taken yet"
+        self._next = flight
+        self._ready.set()
+
+    async def get(self) -> _InFlight:
+        await self._ready.wait()
+        flight, self._next = self._next, None
+        self._ready = anyio.Event()
+        assert flight is not None
+        return flight
 
 
 @dataclass(eq=False, kw_only=True)
@@ -318,10 +343,13 @@ class ToolServer:
 
         This task is the connection's only reader. It keeps reading while a request is answered, so
         a kernel that hangs up (an interrupted cell) is noticed at once, and the approval or MCP
-        call made for it is cancelled.
+        call made for it is cancelled. One answerer task per connection takes the requests: a task
+        per request would cost more than the rest of the channel's work on the host.
         """
         try:
             async with anyio.create_task_group() as tg:
+                handoff = _Handoff()
+                tg.start_soon(self._answer_requests, connection, handoff)
                 previous: _InFlight | None = None
                 while True:
                     try:
@@ -335,7 +363,7 @@ class ToolServer:
                         if previous is not None:
                             previous.scope.cancel()
                         break
-                    if previous is not None:
+                    if previous is not None and not previous.done.is_set():
                         await previous.done.wait()
                     try:
                         request = self._parse(line)
@@ -344,26 +372,30 @@ class ToolServer:
                         if early.close:
                             break
                         continue
-                    previous = _InFlight()
-                    tg.start_soon(self._answer_in_flight, connection, request, previous)
+                    previous = _InFlight(request)
+                    handoff.put(previous)
+                # Any request still in flight was cancelled above; the answerer waits for no more.
+                tg.cancel_scope.cancel()
         finally:
             connection.close()
             slots.release()
             self._connection_closed.set()
             self._connection_closed = anyio.Event()
 
-    async def _answer_in_flight(self, connection: _LineConnection, request: ToolRequest, flight: _InFlight) -> None:
-        reply: ToolResultReply | ToolErrorReply | None = None
-        try:
-            with flight.scope:
-                try:
-                    reply = await self._answer(request)
-                except _Reply as early:
-                    reply = early.reply
-            if reply is not None:
-                await connection.send_reply(reply)
-        finally:
-            flight.done.set()
+    async def _answer_requests(self, connection: _LineConnection, handoff: _Handoff) -> None:
+        while True:
+            flight = await handoff.get()
+            reply: ToolResultReply | ToolErrorReply | None = None
+            try:
+                with flight.scope:
+                    try:
+                        reply = await self._answer(flight.request)
+                    except _Reply as early:
+                        reply = early.reply
+                if reply is not None:
+                    await connection.send_reply(reply)
+            finally:
+                flight.done.set()
 
     def _parse(self, line: bytes) -> ToolRequest:
         try:
