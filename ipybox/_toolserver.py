@@ -19,6 +19,7 @@ import errno
 import hmac
 import json
 import logging
+import math
 import os
 import socket
 import stat
@@ -57,6 +58,10 @@ PROBE_TIMEOUT = 2.0
 STDERR_TAIL_BYTES = 4096
 # accept() can fail when the process runs out of descriptors; wait for one of ours to close, or this long.
 ACCEPT_RETRY_DELAY = 0.5
+# A hang-up is looked for only once a call has run this long. Cancelling a call that ends sooner
+# gains nothing, and watching the socket from the start costs every call more than the rest of the
+# host's work for it.
+HANGUP_WATCH_AFTER = 0.05
 # One read per wakeup; large requests take several.
 _RECEIVE_CHUNK = 256 * 1024
 _TOO_LARGE = f"a tool-call request is limited to {MAX_LINE_BYTES} bytes; pass large data as a file"
@@ -125,33 +130,59 @@ class _Reply(Exception):
 class _InFlight:
     """The request a connection is answering; cancelled if the kernel hangs up."""
 
-    request: ToolRequest
+    watch_from: float
+    """When the `_HangupWatch` starts watching for a hang-up, if the answer is not done by then."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    done: anyio.Event = field(default_factory=anyio.Event)
+    watch: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    """The watcher's wait for a hang-up; cancelled when the answer is done."""
+    watching: bool = False
+    unwatched: anyio.Event = field(default_factory=anyio.Event)
+    """Set once the watcher has stopped waiting on the socket (only when ``watching``)."""
+    hung_up: bool = False
 
 
-class _Handoff:
-    """Passes requests from a connection's reader to its answerer, one at a time.
+class _HangupWatch:
+    """Cancels the request a connection is answering when the kernel hangs up meanwhile.
 
-    The reader hands over the next request only after the previous one is done, so one slot is
-    enough; an event is cheaper than a memory object stream, whose send and receive each checkpoint.
+    The connection's reader answers each request itself and does not read meanwhile, so this task
+    watches the socket instead, from `HANGUP_WATCH_AFTER` into a call until its answer is done.
+    A call that ends sooner costs two timer updates here and no pass of this task.
     """
 
-    def __init__(self) -> None:
-        self._next: _InFlight | None = None
-        self._ready = anyio.Event()
+    def __init__(self, connection: _LineConnection) -> None:
+        self._connection = connection
+        self._flight: _InFlight | None = None
+        self._timer = anyio.CancelScope()  # replaced in run(); expires when a call needs watching
 
-    def put(self, flight: _InFlight) -> None:
-        assert self._next is None, "the previous request was not taken yet"
-        self._next = flight
-        self._ready.set()
+    def arm(self, flight: _InFlight) -> None:
+        """Watch for a hang-up while ``flight`` is answered, until `disarm`."""
+        self._flight = flight
+        self._timer.deadline = flight.watch_from
 
-    async def get(self) -> _InFlight:
-        await self._ready.wait()
-        flight, self._next = self._next, None
-        self._ready = anyio.Event()
-        assert flight is not None
-        return flight
+    def disarm(self) -> None:
+        self._flight = None
+        self._timer.deadline = math.inf
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        starting: anyio.abc.TaskStatus[None] | None = task_status
+        while True:
+            flight = self._flight
+            with anyio.CancelScope(deadline=math.inf if flight is None else flight.watch_from) as self._timer:
+                if starting is not None:
+                    starting.started()
+                    starting = None
+                await anyio.sleep_forever()
+            flight = self._flight
+            if flight is None or anyio.current_time() < flight.watch_from:
+                continue  # the call the timer was set for has ended since
+            flight.watching = True
+            try:
+                with flight.watch:
+                    await self._connection.wait_hangup()
+                    flight.hung_up = True
+                    flight.scope.cancel()
+            finally:
+                flight.unwatched.set()
 
 
 @dataclass(eq=False, kw_only=True)
@@ -341,30 +372,23 @@ class ToolServer:
     async def _serve_connection(self, connection: _LineConnection, slots: anyio.Semaphore) -> None:
         """Read requests from one connection and answer them in order, one at a time.
 
-        This task is the connection's only reader. It keeps reading while a request is answered, so
-        a kernel that hangs up (an interrupted cell) is noticed at once, and the approval or MCP
-        call made for it is cancelled. One answerer task per connection takes the requests: a task
-        per request would cost more than the rest of the channel's work on the host.
+        The answer runs in this task, right after its request is read: a hand-over to another task
+        would put a pass of the event loop (and, on a busy machine, a chance to be preempted) on
+        every call's path. A `_HangupWatch` notices a kernel that hangs up during a call (an
+        interrupted cell) and cancels the approval or MCP call made for it.
         """
         try:
             async with anyio.create_task_group() as tg:
-                handoff = _Handoff()
-                tg.start_soon(self._answer_requests, connection, handoff)
-                previous: _InFlight | None = None
+                watch = _HangupWatch(connection)
+                await tg.start(watch.run)
                 while True:
                     try:
                         line = await connection.receive_line(MAX_LINE_BYTES)
                     except _LineTooLong:
-                        if previous is not None:
-                            await previous.done.wait()
                         await connection.send_reply(_error(None, "too_large", _TOO_LARGE))
                         break
                     except EOFError:
-                        if previous is not None:
-                            previous.scope.cancel()
                         break
-                    if previous is not None and not previous.done.is_set():
-                        await previous.done.wait()
                     try:
                         request = self._parse(line)
                     except _Reply as early:
@@ -372,9 +396,8 @@ class ToolServer:
                         if early.close:
                             break
                         continue
-                    previous = _InFlight(request)
-                    handoff.put(previous)
-                # Any request still in flight was cancelled above; the answerer waits for no more.
+                    if not await self._answer_watched(connection, request, watch):
+                        break
                 tg.cancel_scope.cancel()
         finally:
             connection.close()
@@ -382,20 +405,28 @@ class ToolServer:
             self._connection_closed.set()
             self._connection_closed = anyio.Event()
 
-    async def _answer_requests(self, connection: _LineConnection, handoff: _Handoff) -> None:
-        while True:
-            flight = await handoff.get()
-            reply: ToolResultReply | ToolErrorReply | None = None
-            try:
-                with flight.scope:
-                    try:
-                        reply = await self._answer(flight.request)
-                    except _Reply as early:
-                        reply = early.reply
-                if reply is not None:
-                    await connection.send_reply(reply)
-            finally:
-                flight.done.set()
+    async def _answer_watched(self, connection: _LineConnection, request: ToolRequest, watch: _HangupWatch) -> bool:
+        """Answer one request; False if the kernel hung up meanwhile (the call was cancelled)."""
+        flight = _InFlight(watch_from=anyio.current_time() + HANGUP_WATCH_AFTER)
+        watch.arm(flight)
+        reply: ToolResultReply | ToolErrorReply | None = None
+        try:
+            with flight.scope:
+                try:
+                    reply = await self._answer(request)
+                except _Reply as early:
+                    reply = early.reply
+        finally:
+            watch.disarm()
+        if flight.watching:
+            # Before this task waits on the socket again, the watcher must stop waiting on it.
+            flight.watch.cancel()
+            await flight.unwatched.wait()
+        if flight.hung_up:
+            return False
+        if reply is not None:
+            await connection.send_reply(reply)
+        return True
 
     def _parse(self, line: bytes) -> ToolRequest:
         try:
@@ -748,6 +779,24 @@ class _LineConnection:
             if not data:
                 raise EOFError
             self._buffer += data
+
+    async def wait_hangup(self) -> None:
+        """Return once the peer has closed the connection (or it broke).
+
+        Does not read: data that arrives meanwhile (a request sent early) is left for `receive_line`.
+        """
+        while True:
+            await anyio.wait_readable(self._sock)
+            try:
+                data = self._sock.recv(1, socket.MSG_PEEK)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            # Readable because a request is waiting, which stays so until it is read: stop looking.
+            await anyio.sleep_forever()
 
     async def send_reply(self, reply: ToolResultReply | ToolErrorReply) -> None:
         """Send one reply line; a peer that has gone away is ignored (it no longer waits for it)."""
