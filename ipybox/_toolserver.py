@@ -430,16 +430,21 @@ class ToolServer:
 
     def _parse(self, line: bytes) -> ToolRequest:
         try:
+            request = ToolRequest.model_validate_json(line)
+        except ValidationError:
+            pass  # parsed again below, to tell a bad token from a bad request and to name the problems
+        else:
+            # Parsing and validating in one step takes a third of the time; the outcome is the same.
+            self._check_token(request.token)
+            return request
+        try:
             data = json.loads(line)
         except (ValueError, UnicodeDecodeError):
             raise _Reply(_error(None, "bad_request", "the tool-call request is not valid JSON")) from None
         if not isinstance(data, dict):
             raise _Reply(_error(None, "bad_request", "a tool-call request must be a JSON object"))
         fields: dict[str, Any] = data  # pyright: ignore[reportUnknownVariableType]
-        token = fields.get("token")
-        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
-            message = "the tool server refused the request: missing or wrong token"
-            raise _Reply(_error(None, "unauthorized", message), close=True)
+        self._check_token(fields.get("token"))
         seq = fields.get("seq")
         try:
             return ToolRequest.model_validate(fields)
@@ -454,6 +459,11 @@ class ToolServer:
                     f"invalid tool-call request: {problems}",
                 )
             ) from None
+
+    def _check_token(self, token: object) -> None:
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
+            message = "the tool server refused the request: missing or wrong token"
+            raise _Reply(_error(None, "unauthorized", message), close=True)
 
     # -- calls ------------------------------------------------------------------------------------
 
