@@ -133,12 +133,19 @@ class _InFlight:
     watch_from: float
     """When the `_HangupWatch` starts watching for a hang-up, if the answer is not done by then."""
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    watch: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    """The watcher's wait for a hang-up; cancelled when the answer is done."""
-    watching: bool = False
-    unwatched: anyio.Event = field(default_factory=anyio.Event)
-    """Set once the watcher has stopped waiting on the socket (only when ``watching``)."""
+    watching: _Watching | None = None
+    """Set by the watcher while it waits on the socket; most calls end before it starts."""
     hung_up: bool = False
+
+
+@dataclass(eq=False)
+class _Watching:
+    """The watcher's wait for a hang-up during one call."""
+
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    """Cancelled by the reader when the answer is done."""
+    ended: anyio.Event = field(default_factory=anyio.Event)
+    """Set once the watcher no longer waits on the socket."""
 
 
 class _HangupWatch:
@@ -175,14 +182,14 @@ class _HangupWatch:
             flight = self._flight
             if flight is None or anyio.current_time() < flight.watch_from:
                 continue  # the call the timer was set for has ended since
-            flight.watching = True
+            flight.watching = watching = _Watching()
             try:
-                with flight.watch:
+                with watching.scope:
                     await self._connection.wait_hangup()
                     flight.hung_up = True
                     flight.scope.cancel()
             finally:
-                flight.unwatched.set()
+                watching.ended.set()
 
 
 @dataclass(eq=False, kw_only=True)
@@ -418,10 +425,10 @@ class ToolServer:
                     reply = early.reply
         finally:
             watch.disarm()
-        if flight.watching:
+        if flight.watching is not None:
             # Before this task waits on the socket again, the watcher must stop waiting on it.
-            flight.watch.cancel()
-            await flight.unwatched.wait()
+            flight.watching.scope.cancel()
+            await flight.watching.ended.wait()
         if flight.hung_up:
             return False
         if reply is not None:
