@@ -142,6 +142,12 @@ async def host_stages(calls: int, result: mcp_types.CallToolResult, spec: mcp_ty
     stages["token check"] = _loop(lambda: hmac.compare_digest(str(fields["token"]).encode(), expected), calls)
     stages["ToolRequest.model_validate"] = _loop(lambda: ToolRequest.model_validate(fields), calls)
 
+    async def gate_none(call: ToolCall) -> None:
+        return None
+
+    server = ToolServer(socket_path=Path("/nonexistent/tools.sock"), token=token, gate=gate_none)
+    stages["ToolServer._parse (all of the above)"] = _loop(lambda: server._parse(line), calls)
+
     def tool_call() -> ToolCall:
         annotations = (
             spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if spec.annotations else None
