@@ -643,18 +643,12 @@ class ToolServer:
 
     async def _call(self, entry: _Entry, live: _Session, request: ToolRequest) -> ToolResultReply | ToolErrorReply:
         server, tool, seq = request.server, request.tool, request.seq
+        deadline = math.inf if self._call_timeout is None else anyio.current_time() + self._call_timeout
+        result: mcp_types.CallToolResult | None = None
         try:
-            with anyio.fail_after(self._call_timeout):
+            # A bare scope rather than fail_after: the same deadline at half the cost on every call.
+            with anyio.CancelScope(deadline=deadline):
                 result = await live.session.call_tool(tool, request.arguments)
-        except TimeoutError:
-            assert self._call_timeout is not None
-            return ToolErrorReply(
-                seq=seq,
-                error="timeout",
-                message=f"the call to tool {tool!r} of MCP server {server!r} timed out after "
-                f"{self._call_timeout:g} s (the executor's tool call timeout)",
-                timeout=self._call_timeout,
-            )
         except MCPError as exc:
             if exc.code == CONNECTION_CLOSED:
                 return self._crashed(entry, live, request)
@@ -668,6 +662,15 @@ class ToolServer:
             )
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             return self._crashed(entry, live, request)
+        if result is None:  # the scope's deadline passed
+            assert self._call_timeout is not None
+            return ToolErrorReply(
+                seq=seq,
+                error="timeout",
+                message=f"the call to tool {tool!r} of MCP server {server!r} timed out after "
+                f"{self._call_timeout:g} s (the executor's tool call timeout)",
+                timeout=self._call_timeout,
+            )
         live.last_used = anyio.current_time()
         text = "\n".join(item.text for item in result.content if isinstance(item, mcp_types.TextContent))
         if result.is_error:
