@@ -256,6 +256,9 @@ class _Abort:
                 self._connection.abort()
 
 
+# Built once: json.dumps with any option set builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
 _pool: list[_Connection] = []
 _pool_lock = threading.Lock()
 _seq = itertools.count(1)
@@ -333,7 +336,7 @@ def _round_trip(
         "arguments": arguments,
     }
     try:
-        line = json.dumps(request, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode() + b"\n"
+        line = _ENCODER.encode(request).encode() + b"\n"
     except (TypeError, ValueError) as exc:
         raise ToolCallError(
             server_name, tool_name, f"the arguments for tool {tool_name!r} are not JSON-serializable: {exc}"

@@ -23,7 +23,7 @@ from servers.test_server import png_bytes
 from ipybox._channel import MAX_LINE_BYTES
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer
-from ipybox._toolserver import ToolCall, ToolCallDenied, ToolServer
+from ipybox._toolserver import HANGUP_WATCH_AFTER, ToolCall, ToolCallDenied, ToolServer
 
 pytestmark = pytest.mark.anyio
 
@@ -526,6 +526,20 @@ async def test_a_kernel_that_hangs_up_cancels_its_pending_approval_and_the_call(
             with anyio.fail_after(10):
                 await cancelled.wait()
     assert not log.exists()
+
+
+async def test_a_connection_keeps_serving_after_calls_long_enough_to_be_watched_for_a_hang_up() -> None:
+    # Calls that outlast HANGUP_WATCH_AFTER have the socket watched while they run; the watch must
+    # end with the call, so the same pooled connection carries the next calls.
+    seconds = 3 * HANGUP_WATCH_AFTER
+    async with tool_channel({"test": stdio_server()}) as channel:
+        slow, slower, quick = await channel.calls(
+            ("test", "slow", {"seconds": seconds}),
+            ("test", "slow", {"seconds": seconds}),
+            ("test", "add", {"a": 1, "b": 2}),
+        )
+    assert slow["text"] == slower["text"] == f"slept {seconds:g} s"
+    assert quick["structured"] == {"result": 3}
 
 
 # -- usage -----------------------------------------------------------------------------------------
