@@ -108,7 +108,17 @@ def _peer_ready() -> bool:
         env=_peer_env(),
         check=False,
     )
-    return probe.returncode == 0 and probe.stdout.strip() == "0.9.2"
+    if probe.returncode != 0 or probe.stdout.strip() != "0.9.2":
+        return False
+    # The peer starts its kernel gateway through this script; a venv moved from elsewhere keeps a
+    # shebang to its old path and fails only there.
+    try:
+        gateway = subprocess.run(
+            [str(PEER_VENV / "bin" / "jupyter"), "--version"], capture_output=True, env=_peer_env(), check=False
+        )
+    except OSError:
+        return False
+    return gateway.returncode == 0
 
 
 def ensure_peer_venv() -> None:
