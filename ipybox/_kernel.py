@@ -60,6 +60,10 @@ __all__ = (
 # subscription may not be connected yet, and a reply alone does not prove it is.
 _READY_RETRY = 0.05
 _READY_RETRY_MAX = 1.0
+# How often the host's sockets retry connecting to a kernel that has not bound them yet.
+_RECONNECT_MS = 5
+# Once the kernel has answered, the iopub subscription is at most moments away: retry that soon.
+_READY_RESEND = 0.01
 # Messages buffered per execution before the kernel reader waits for the consumer.
 _BUFFER = 256
 # A SIGKILLed process is reaped within milliseconds; this only bounds a pathological case.
@@ -269,6 +273,9 @@ class Kernel:
             for name, kind in channels:
                 socket = sockets[name] = context.socket(kind)
                 socket.linger = 0
+                # The kernel binds its sockets only after its imports; until then each connect
+                # fails and is retried after this many ms (ZMQ's default, 100, delays readiness).
+                socket.reconnect_ivl = _RECONNECT_MS
                 if kind == zmq.DEALER:
                     socket.identity = session.bsession
                 else:
@@ -405,6 +412,7 @@ class Kernel:
         replied: set[str] = set()
         idle: set[str] = set()
         interval = _READY_RETRY
+        resend = False
         try:
             with receive:
                 while not self.exited.is_set():
@@ -412,12 +420,18 @@ class Kernel:
                     sent.append(msg["header"]["msg_id"])
                     self._waiters[sent[-1]] = send
                     self._send("shell", msg)
-                    with anyio.move_on_after(interval):
+                    with anyio.move_on_after(interval) as wait:
                         async for raw in receive:
                             parent = raw["parent_header"].get("msg_id")
                             kind = raw["header"]["msg_type"]
                             if kind == "kernel_info_reply":
                                 replied.add(parent)
+                                if not replied & idle and not resend:
+                                    # The kernel is up, but the idle of what it answered went out before
+                                    # our iopub subscription reached it: ask again now, not after the backoff.
+                                    resend = True
+                                    interval = _READY_RESEND
+                                    wait.deadline = min(wait.deadline, anyio.current_time() + interval)
                             elif kind == "status" and raw["content"].get("execution_state") == "idle":
                                 idle.add(parent)
                             if replied & idle:
