@@ -246,23 +246,8 @@ class Kernel:
                     ),
                     *argv,
                 ]
-            cgroup = PidsCgroup.create(limits.processes) if limits.processes is not None else None
-            if cgroup is not None:
-                # The launcher joins the cgroup before it becomes bwrap, so nothing escapes it.
-                argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.path / "cgroup.procs"), *argv]
-            process = await anyio.open_process(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                env=env,
-                cwd=workspace,
-                start_new_session=True,
-                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
-            )
-            # bwrap has its own copy; ours must not leak into later children.
-            _close_fd(seccomp_fd)
-            seccomp_fd = None
+            # Sockets before the process: a failure here leaves no kernel behind, and their connects
+            # are already being retried when the kernel binds.
             session = Session(key=key, signature_scheme="hmac-sha256")
             context = cast("zmq.Context[zmq.Socket[bytes]]", zmq.Context.instance())
             channels: tuple[tuple[_Channel, int], ...] = (
@@ -282,6 +267,23 @@ class Kernel:
                     socket.setsockopt(zmq.SUBSCRIBE, b"")
                 port = cast("dict[str, object]", info)[f"{name}_port"]
                 socket.connect(f"ipc://{run_dir / 'zmq'}-{port}")
+            cgroup = PidsCgroup.create(limits.processes) if limits.processes is not None else None
+            if cgroup is not None:
+                # The launcher joins the cgroup before it becomes bwrap, so nothing escapes it.
+                argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.path / "cgroup.procs"), *argv]
+            process = await anyio.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=workspace,
+                start_new_session=True,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+            )
+            # bwrap has its own copy; ours must not leak into later children.
+            _close_fd(seccomp_fd)
+            seccomp_fd = None
             kernel = cls(process, session, sockets, run_dir)
             failure: KernelStartError | None = None
             try:
