@@ -10,15 +10,15 @@ Variants: ``changed`` drops one tool and changes another's description (for rege
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Literal
 
 import anyio
-import uvicorn
 from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, ConfigDict, Field
+from test_server import serve_http
 
 
 class In:
@@ -99,19 +99,6 @@ def _named(name: str) -> Callable[[], str]:
     return tool
 
 
-async def serve_http(server: MCPServer, transport: str) -> None:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    # Listen before printing the URL so a client that connects at once waits in the backlog, not refused.
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    app = server.sse_app() if transport == "sse" else server.streamable_http_app()
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    path = "/sse" if transport == "sse" else "/mcp"
-    print(f"URL http://127.0.0.1:{port}{path}", flush=True)
-    await uvicorn.Server(config).serve(sockets=[sock])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("transport", nargs="?", default="stdio", choices=["stdio", "http", "sse"])
@@ -121,7 +108,7 @@ def main() -> None:
     if args.transport == "stdio":
         server.run("stdio")
     else:
-        anyio.run(serve_http, server, args.transport)
+        anyio.run(partial(serve_http, server, args.transport, announce="URL"))
     sys.exit(0)
 
 

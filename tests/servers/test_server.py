@@ -170,7 +170,9 @@ def build_server() -> MCPServer:
     return server
 
 
-async def _serve_http(server: MCPServer, transport: str) -> None:
+async def serve_http(server: MCPServer, transport: str, *, announce: str = "READY") -> None:
+    """Serve over streamable HTTP or SSE on a free 127.0.0.1 port; print ``<announce> <url>`` once
+    a client can connect."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -183,7 +185,7 @@ async def _serve_http(server: MCPServer, transport: str) -> None:
         app, path = server.streamable_http_app(host="127.0.0.1"), "/mcp"
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=HTTP_SHUTDOWN_GRACE)
     # The socket already listens, so a client that connects now waits in the backlog until uvicorn runs.
-    print(f"READY http://127.0.0.1:{port}{path}", flush=True)
+    print(f"{announce} http://127.0.0.1:{port}{path}", flush=True)
     await uvicorn.Server(config).serve(sockets=[sock])
 
 
@@ -202,7 +204,7 @@ def main() -> None:
     if options.transport == "stdio":
         server.run("stdio")
     else:
-        anyio.run(_serve_http, server, options.transport)
+        anyio.run(serve_http, server, options.transport)
 
 
 if __name__ == "__main__":
