@@ -74,10 +74,19 @@ async def test_cancel_stops_running_code_and_the_executor_keeps_its_state(worksp
 async def test_cancelling_a_queued_execution_never_runs_it(workspace: Path) -> None:
     async with CodeExecutor(workspace=workspace) as ex:
         await ex.execute("ran = False")
-        blocker = ex.execute("import time\ntime.sleep(1)")
+        # The blocker runs until the test releases it, so the cancel surely lands while it runs.
+        release = workspace / "release"
+        blocker = ex.execute(
+            f"import os, time\nprint('blocking', flush=True)\nwhile not os.path.exists({str(release)!r}):\n"
+            "    time.sleep(0.01)"
+        )
         queued = ex.execute("ran = True")
+        async for _ in blocker:
+            break
         queued.cancel()
-        await blocker
+        release.touch()
+        with anyio.fail_after(10):
+            await blocker
         with pytest.raises(ExecutionCancelled):
             await queued
         assert (await ex.execute("ran")).text == "False\n"
