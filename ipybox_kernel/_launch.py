@@ -136,6 +136,12 @@ def _initialize(app: Any, rest: list[str], output: int | None) -> None:
             # No history database on disk and no colour codes in tracebacks.
             "--HistoryManager.enabled=False",
             "--InteractiveShell.colors=nocolor",
+            # A flush that returns at once when there is nothing to send (see _stream).
+            "--IPKernelApp.outstream_class=ipybox_kernel._stream.QuickFlushStream",
+            # ipykernel sleeps 0.5 ms before every execute_reply, for front ends that stop
+            # listening at the reply. The host reads until the execution's idle status instead,
+            # which the IOPub thread sends after all of the execution's output.
+            "--IPythonKernel._execute_sleep=0",
         ]
     )
     app.shell.register_magic_function(_pip_magic, "line", "pip")

@@ -76,6 +76,20 @@ async def test_no_output_is_lost_over_a_thousand_executions(executor: CodeExecut
     assert lost == []
 
 
+async def test_output_whose_timed_flush_is_under_way_when_the_cell_ends_is_not_lost(executor: CodeExecutor) -> None:
+    # The kernel's stream flush returns at once when nothing is buffered. Each cell here ends just
+    # as the IOPub thread's timed flush has taken the buffer but not yet queued the message: the
+    # window in which an empty buffer does not mean "sent" (ipybox_kernel._stream). A tiny thread
+    # switch interval makes the kernel's threads interleave inside that window.
+    await executor.execute("import sys\nsys.setswitchinterval(1e-6)\nsys.stdout.flush_interval = 0.01")
+    try:
+        code = "print({i})\nwhile sys.stdout._flush_pending: pass"
+        lost = [i for i in range(100) if (await executor.execute(code.format(i=i))).text != f"{i}\n"]
+    finally:
+        await executor.execute("sys.setswitchinterval(0.005)\ndel sys.stdout.flush_interval")
+    assert lost == []
+
+
 async def test_kernels_started_together_on_a_busy_machine_answer_every_execution(tmp_path: Path) -> None:
     # Kernels starting at once next to two spinning processes, while the host re-sends kernel_info
     # requests on the sockets the replies arrive on: the situation in which pyzmq's asyncio sockets
