@@ -55,6 +55,9 @@ class Config:
     """How much of each workload to run."""
 
     starts: int = 20
+    # A side with several sandbox variants starts each this many times instead, when larger: one
+    # start varies by tens of ms, and their difference needs many pairs to settle.
+    paired_starts: int = 60
     warmup: int = 20
     executes: int = 200
     lost_runs: int = 1000
@@ -68,7 +71,16 @@ class Config:
     @classmethod
     def quick(cls, **overrides: Any) -> Config:
         """A reduced configuration that finishes in about two minutes for both sides."""
-        base = cls(starts=3, warmup=10, executes=200, lost_runs=300, tool_calls=100, seq_reps=3, generate_reps=1)
+        base = cls(
+            starts=3,
+            paired_starts=3,
+            warmup=10,
+            executes=200,
+            lost_runs=300,
+            tool_calls=100,
+            seq_reps=3,
+            generate_reps=1,
+        )
         return cls(**(asdict(base) | overrides))
 
 
@@ -183,6 +195,22 @@ def descendants(pid: int) -> list[tuple[int, int]]:
             out.append((kid, depth + 1))
             stack.append((kid, depth + 1))
     return out
+
+
+def tree_cpu_ns(pid: int) -> int:
+    """CPU time in ns of every thread of every live descendant of pid (``schedstat``'s first field)."""
+    total = 0
+    for child, _ in descendants(pid):
+        try:
+            tasks = list(Path(f"/proc/{child}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
 
 
 def rss_mb(pid: int) -> float | None:
@@ -319,28 +347,37 @@ async def _entered(cm: AbstractAsyncContextManager[object]) -> AsyncGenerator[tu
 async def _starts(r: _Run) -> None:
     """start->ready and stop of fresh executors, for every sandbox variant the side has.
 
-    The variants take turns start by start, so a change in machine load hits them alike and the
-    sandbox overhead (their difference) is not an artefact of when each was measured.
+    The variants take turns start by start, in ABBA order, so a change in machine load (or a cache
+    warmed by the start before) hits them alike and the sandbox overhead (their difference) is not
+    an artefact of when each was measured.
     """
     variants = r.side.sandbox_variants
+    rounds = r.cfg.starts if len(variants) == 1 else max(r.cfg.starts, r.cfg.paired_starts)
     keys = {v: "" if v == variants[0] else f"_{v}" for v in variants}
     starts: dict[str, list[float]] = {v: [] for v in variants}
+    # CPU spent until ready by this process and by the executor's processes (sandbox and kernel).
+    # The start's wall time swings by tens of ms with what else the machine does; its CPU time much
+    # less, so the sandbox's cost shows up more clearly there.
+    cpus: dict[str, list[float]] = {v: [] for v in variants}
     stops: dict[str, list[float]] = {v: [] for v in variants}
     first_wrong: dict[str, list[str | None]] = {v: [] for v in variants}
-    for i in range(r.cfg.starts):
-        for variant in variants:
+    for i in range(rounds):
+        for variant in variants if i % 2 == 0 else variants[::-1]:
             if f"start{keys[variant]}" in r.errors:
                 continue
             with r.guard(f"start{keys[variant]}"):
                 cm = r.side.executor(r.work, sandbox=variant, tools=False)
+                cpu0 = time.process_time_ns()
                 ex, elapsed = await _timed_enter(cm)
+                cpu = time.process_time_ns() - cpu0 + tree_cpu_ns(os.getpid())
                 starts[variant].append(elapsed)
+                cpus[variant].append(cpu / 1e9)
                 # Proves the executor was really ready; not timed.
                 text = await r.run(ex, "1+1")
                 if _stripped(text) != "2":
                     first_wrong[variant].append(text)
                 stops[variant].append(await _timed_exit(cm))
-                _log(f"start[{variant}] {i + 1}/{r.cfg.starts}: {elapsed * 1000:.0f} ms")
+                _log(f"start[{variant}] {i + 1}/{rounds}: {elapsed * 1000:.0f} ms")
     for variant in variants:
         error = r.errors.get(f"start{keys[variant]}")
         na: Metric = {"na": f"error: {error[:200]}"} if error else {"na": "no samples"}
@@ -358,6 +395,14 @@ async def _starts(r: _Run) -> None:
             # Starts alternate, so each sandboxed start has an unsandboxed neighbour taken under the
             # same load: the median of those differences is steadier than the difference of medians.
             pairs = [a - b for a, b in zip(starts[variants[0]], starts[variants[1]], strict=False)]
+            cpu_pairs = [a - b for a, b in zip(cpus[variants[0]], cpus[variants[1]], strict=False)]
+            r.metrics["sandbox_overhead_cpu"] = scalar(
+                statistics.median(cpu_pairs) * 1000,
+                unit="ms",
+                n=len(cpu_pairs),
+                sandboxed_cpu_median_ms=round(statistics.median(cpus[variants[0]]) * 1000, 4),
+                unsandboxed_cpu_median_ms=round(statistics.median(cpus[variants[1]]) * 1000, 4),
+            )
             r.metrics["sandbox_overhead"] = scalar(
                 statistics.median(pairs) * 1000,
                 unit="ms",
@@ -368,7 +413,7 @@ async def _starts(r: _Run) -> None:
                 min_difference_ms=round(with_sb["min"] - without["min"], 4),
             )
         else:
-            r.metrics["sandbox_overhead"] = {"na": "a start variant failed"}
+            r.metrics["sandbox_overhead"] = r.metrics["sandbox_overhead_cpu"] = {"na": "a start variant failed"}
 
 
 def _server_params(r: _Run) -> dict[str, dict[str, Any]]:
@@ -511,13 +556,19 @@ async def _tool_calls(r: _Run, ex: object) -> None:
 
 async def _everything_calls(r: _Run, ex: object) -> None:
     """The same call metrics against server-everything (Node), whose own per-call cost is far below
-    a Python MCP server's: this shows the cost of the path between kernel and server."""
-    names = ("tool_call_in_kernel_everything", "seq_calls_everything")
+    a Python MCP server's: this shows the cost of the path between kernel and server.
+
+    A call is timed two ways. One call per cell finds every process on the path idle since the last
+    cell (the server, the host loop, the kernel's socket); waking each costs more than the work
+    itself on this VM. Back to back, inside the 200-call cell, the path is warm.
+    """
+    names = ("tool_call_in_kernel_everything", "tool_call_loop_everything", "seq_calls_everything")
     with r.guard("everything_calls", *names):
         call = "_bench_sum.run(_bench_sum.Params(a={a}, b=1))"
         await r.run(
             ex,
-            f"from mcptools.{EVERYTHING_SERVER} import get_sum as _bench_sum\n_bench_ev_calls = []\n_bench_ev_seq = []",
+            f"from mcptools.{EVERYTHING_SERVER} import get_sum as _bench_sum\n"
+            "_bench_ev_calls = []\n_bench_ev_seq = []\n_bench_ev_loop = []",
         )
         one = "_t0 = _bench_time.perf_counter(); {call}\n_bench_ev_calls.append(_bench_time.perf_counter() - _t0)"
         for i in range(r.cfg.warmup):
@@ -529,18 +580,24 @@ async def _everything_calls(r: _Run, ex: object) -> None:
         r.metrics["tool_call_in_kernel_everything"] = summarize(inner)
         n = r.cfg.seq_calls
         cell = (
-            f"_t0 = _bench_time.perf_counter()\nfor _i in range({n}):\n    {call.format(a='_i')}\n"
+            f"_t0 = _bench_time.perf_counter()\nfor _i in range({n}):\n"
+            f"    _t1 = _bench_time.perf_counter(); {call.format(a='_i')}\n"
+            "    _bench_ev_loop.append(_bench_time.perf_counter() - _t1)\n"
             "_bench_ev_seq.append(_bench_time.perf_counter() - _t0)"
         )
         for _ in range(r.cfg.seq_reps):
             await r.run(ex, cell)
         reps: list[float] = await r.readback(ex, "_bench_ev_seq")
+        loop: list[float] = await r.readback(ex, "_bench_ev_loop")
+        r.metrics["tool_call_loop_everything"] = summarize(loop)
         r.metrics["seq_calls_everything"] = summarize(
             [n / elapsed for elapsed in reps], unit="calls/s", scale=1.0, calls=n, higher_is_better=True
         )
+        m = r.metrics
         _log(
-            f"server-everything: call in kernel {r.metrics['tool_call_in_kernel_everything']['median']:.2f} ms, "
-            f"{r.metrics['seq_calls_everything']['median']:.0f} calls/s"
+            f"server-everything: one call per cell {m['tool_call_in_kernel_everything']['median']:.2f} ms, "
+            f"back to back {m['tool_call_loop_everything']['median']:.2f} ms, "
+            f"{m['seq_calls_everything']['median']:.0f} calls/s"
         )
 
 
@@ -554,6 +611,7 @@ _MCP_METRICS = (
     "kernel_rss_after_tool_import",
     "kernel_rss_after_tool_calls",
     "tool_call_in_kernel_everything",
+    "tool_call_loop_everything",
     "seq_calls_everything",
 )
 

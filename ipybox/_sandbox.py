@@ -143,6 +143,10 @@ def _etc_secrets() -> tuple[list[str], list[str]]:
         except OSError:
             continue
         for entry in entries:
+            # Most of /etc is symlinks (alternatives, rc*.d). Neither followed nor masked, and the
+            # directory entry's type says so without a stat: this halves the scan's time.
+            if entry.is_symlink():
+                continue
             try:
                 info = entry.stat(follow_symlinks=False)
             except OSError:

@@ -76,6 +76,13 @@ async def test_no_output_is_lost_over_a_thousand_executions(executor: CodeExecut
     assert lost == []
 
 
+async def test_the_kernel_has_the_quick_flush_streams_and_no_sleep_before_its_replies(executor: CodeExecutor) -> None:
+    code = (
+        "import sys\nprint(type(sys.stdout).__name__, type(sys.stderr).__name__, get_ipython().kernel._execute_sleep)"
+    )
+    assert (await executor.execute(code)).text == "QuickFlushStream QuickFlushStream 0.0\n"
+
+
 async def test_output_whose_timed_flush_is_under_way_when_the_cell_ends_is_not_lost(executor: CodeExecutor) -> None:
     # The kernel's stream flush returns at once when nothing is buffered. Each cell here ends just
     # as the IOPub thread's timed flush has taken the buffer but not yet queued the message: the
