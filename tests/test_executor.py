@@ -97,6 +97,23 @@ async def test_output_whose_timed_flush_is_under_way_when_the_cell_ends_is_not_l
     assert lost == []
 
 
+async def test_output_written_straight_to_the_file_descriptors_belongs_to_its_execution(
+    executor: CodeExecutor,
+) -> None:
+    # os.write to fd 1/2 (what os.system, subprocesses and C code do) lands in a pipe that a thread
+    # moves into the stream. A long thread switch interval keeps that thread from running before
+    # the cell ends; the end-of-cell flush must move the pipe's contents itself.
+    await executor.execute("import os, sys\nsys.setswitchinterval(1.0)")
+    try:
+        code = "_ = os.write(1, b'out{i} '), os.write(2, b'err{i} ')"
+        texts = [(await executor.execute(code.format(i=i))).text for i in range(20)]
+        child = await executor.execute("_ = os.system('echo from a child')")
+    finally:
+        await executor.execute("sys.setswitchinterval(0.005)")
+    assert [sorted(t.split()) for t in texts] == [[f"err{i}", f"out{i}"] for i in range(20)]
+    assert child.text == "from a child\n"
+
+
 async def test_kernels_started_together_on_a_busy_machine_answer_every_execution(tmp_path: Path) -> None:
     # Kernels starting at once next to two spinning processes, while the host re-sends kernel_info
     # requests on the sockets the replies arrive on: the situation in which pyzmq's asyncio sockets
