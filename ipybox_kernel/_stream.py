@@ -82,8 +82,8 @@ class QuickFlushStream(OutStream):
             self._exc = (type(exc), exc, exc.__traceback__)
 
     def _take_fd_output(self) -> None:
-        fid: int | None = self._fid
-        lock = self._fd_lock
+        lock = self._fd_lock  # None unless ipykernel set up the redirect through our override
+        fid: int | None = getattr(self, "_fid", None)
         # Not in a forked child: the watcher thread is not there (it may have held the lock when
         # the process forked), and the pipe is the parent's to read.
         if fid is not None and lock is not None and self._is_master_process():
