@@ -144,7 +144,11 @@ def _initialize(app: Any, rest: list[str], output: int | None) -> None:
             "--IPythonKernel._execute_sleep=0",
         ]
     )
+    from ._stream import FdDrain  # imports ipykernel: only once main() has kept debugpy out
+
     app.shell.register_magic_function(_pip_magic, "line", "pip")
+    # Before the output guard's report, which counts what the execution printed.
+    app.shell.events.register("post_execute", FdDrain(sys.stdout, sys.stderr))
     if output is not None:
         guard = _OutputGuard(app.session, output)
         app.shell.events.register("pre_execute", guard.reset)

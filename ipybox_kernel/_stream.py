@@ -5,9 +5,9 @@ the IOPub thread even when nothing was written. For a cell like ``1+1`` that is 
 millisecond per execution. Installed through ``IPKernelApp.outstream_class``.
 
 Output written straight to file descriptors 1 and 2 (``os.system``, subprocesses, C extensions)
-goes through a pipe that a watcher thread moves into the stream. A flush moves what the pipe still
-holds itself, so that such output belongs to the execution that wrote it. (With ipykernel's own
-watcher it depended on the thread getting there before the execution ended.)
+goes through a pipe that a watcher thread moves into the stream. `FdDrain`, run when an execution
+ends, moves what the pipes still hold itself, so that such output belongs to the execution that
+wrote it. (With ipykernel's own watcher it depended on the thread getting there first.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import select
 import threading
 from io import StringIO
-from typing import cast
+from typing import Any, cast
 
 from ipykernel.iostream import OutStream
 
@@ -33,7 +33,6 @@ class QuickFlushStream(OutStream):
     _fd_lock: threading.Lock | None = None
 
     def flush(self) -> None:
-        self._take_fd_output()
         # The order of the reads matters: a write fills the buffer and then sets _flush_pending; the
         # IOPub thread sets _ipybox_flushing, then clears _flush_pending, then takes the buffers.
         try:
@@ -81,9 +80,17 @@ class QuickFlushStream(OutStream):
         except Exception as exc:  # ipykernel's close() reports it, as for its own watcher
             self._exc = (type(exc), exc, exc.__traceback__)
 
-    def _take_fd_output(self) -> None:
-        lock = self._fd_lock  # None unless ipykernel set up the redirect through our override
+    @property
+    def fd_pipe(self) -> int | None:
+        """The pipe behind the file descriptor, when this stream watches one."""
         fid: int | None = getattr(self, "_fid", None)
+        # The lock exists only when ipykernel set up the redirect through our override.
+        return fid if self._fd_lock is not None else None
+
+    def take_fd_output(self) -> None:
+        """Move what waits in the pipe into the stream now."""
+        lock = self._fd_lock
+        fid = self.fd_pipe
         # Not in a forked child: the watcher thread is not there (it may have held the lock when
         # the process forked), and the pipe is the parent's to read.
         if fid is not None and lock is not None and self._is_master_process():
@@ -105,3 +112,24 @@ class QuickFlushStream(OutStream):
             if text:
                 self.write(text)
             os.write(self._original_stdstream_copy, data)
+
+
+class FdDrain:
+    """Moves what waits in the pipes behind fd 1 and 2 into their streams (a post_execute hook).
+
+    One ``poll`` for both pipes per execution: every system call lets the IOPub thread take the
+    interpreter lock, and a read per flush (four per execution) added ~0.2 ms to each ``1+1``.
+    """
+
+    def __init__(self, *streams: object) -> None:
+        self._streams: dict[int, QuickFlushStream] = {}
+        self._poller = select.poll()
+        for stream in streams:
+            if isinstance(stream, QuickFlushStream) and (fid := stream.fd_pipe) is not None:
+                self._streams[fid] = stream
+                self._poller.register(fid, select.POLLIN)
+
+    def __call__(self, *_: Any) -> None:
+        if self._streams:
+            for fid, _events in self._poller.poll(0):
+                self._streams[fid].take_fd_output()
