@@ -355,9 +355,9 @@ async def _starts(r: _Run) -> None:
     rounds = r.cfg.starts if len(variants) == 1 else max(r.cfg.starts, r.cfg.paired_starts)
     keys = {v: "" if v == variants[0] else f"_{v}" for v in variants}
     starts: dict[str, list[float]] = {v: [] for v in variants}
-    # CPU spent until ready by this process and by the executor's processes (sandbox and kernel).
-    # The start's wall time swings by tens of ms with what else the machine does; its CPU time much
-    # less, so the sandbox's cost shows up more clearly there.
+    # CPU spent until ready by this process and by the executor's processes (sandbox and kernel):
+    # a second view of the same starts that leaves out waiting (wake-ups, I/O). It is no steadier
+    # on this VM (the day's runs spread over about 25 ms), but it shows where the cost is work.
     cpus: dict[str, list[float]] = {v: [] for v in variants}
     stops: dict[str, list[float]] = {v: [] for v in variants}
     first_wrong: dict[str, list[str | None]] = {v: [] for v in variants}
