@@ -102,7 +102,7 @@ async def test_output_written_straight_to_the_file_descriptors_belongs_to_its_ex
 ) -> None:
     # os.write to fd 1/2 (what os.system, subprocesses and C code do) lands in a pipe that a thread
     # moves into the stream. A long thread switch interval keeps that thread from running before
-    # the cell ends; the end-of-cell flush must move the pipe's contents itself.
+    # the cell ends; the drain at the end of each execution must move the pipe's contents itself.
     await executor.execute("import os, sys\nsys.setswitchinterval(1.0)")
     try:
         code = "_ = os.write(1, b'out{i} '), os.write(2, b'err{i} ')"
