@@ -164,27 +164,8 @@ async def host_stages(calls: int, result: mcp_types.CallToolResult, spec: mcp_ty
 
     stages["ToolCall (+annotations dump)"] = _loop(tool_call, calls)
     call = tool_call()
-    count = iter(range(10**9))
-
-    def approval_request() -> ApprovalRequest:
-        return ApprovalRequest(
-            id=f"exec:{next(count)}",
-            server_name=call.server_name,
-            tool_name=call.tool_name,
-            tool_args=call.arguments,
-            server=call.server,
-            annotations=call.annotations,
-        )
-
-    stages["ApprovalRequest()"] = _loop(approval_request, calls)
-
-    async def gate() -> None:
-        approval = approval_request()
-        decision = await decide_by_policy("auto", approval)
-        assert decision is not None
-        approval.decide(decision)
-
-    stages["gate (request + auto policy)"] = await _aloop(gate, calls)
+    stages["ApprovalRequest()"] = _loop(lambda: _approval_request(call), calls)
+    stages["gate (request + auto policy)"] = await _aloop(lambda: _auto_gate(call), calls)
 
     def convert() -> ToolResultReply:
         text = "\n".join(item.text for item in result.content if isinstance(item, mcp_types.TextContent))
@@ -201,6 +182,30 @@ async def host_stages(calls: int, result: mcp_types.CallToolResult, spec: mcp_ty
     return stages
 
 
+_approvals = iter(range(10**9))
+
+
+def _approval_request(call: ToolCall) -> ApprovalRequest:
+    return ApprovalRequest(
+        id=f"exec:{next(_approvals)}",
+        server_name=call.server_name,
+        tool_name=call.tool_name,
+        tool_args=call.arguments,
+        server=call.server,
+        annotations=call.annotations,
+    )
+
+
+async def _auto_gate(call: ToolCall) -> None:
+    """What CodeExecutor._gate does with approval="auto"."""
+    request = _approval_request(call)
+    decision = await decide_by_policy("auto", request)
+    assert decision is not None
+    request.decide(decision)
+    if not decision.approved:
+        raise ToolCallDenied(decision.reason)
+
+
 async def _through_stub(mode: str, calls: int, env: Mapping[str, str], cwd: Path) -> float:
     argv = [sys.executable, "-c", _CLIENT, mode, str(calls), str(WARMUP)]
     process = await anyio.run_process(argv, env={**os.environ, **env}, cwd=cwd, check=True)
@@ -212,28 +217,11 @@ async def channel_and_chain(calls: int, work: Path) -> dict[str, float]:
     """Calls from a separate interpreter through the stub: a host built-in, then server-everything."""
     await generate_mcp_sources("everything", _everything(), work / "mcptools")
     token = secrets.token_urlsafe(32)
-    approvals = iter(range(10**9))
-
-    async def gate(call: ToolCall) -> None:
-        # What CodeExecutor._gate does with approval="auto".
-        request = ApprovalRequest(
-            id=f"exec:{next(approvals)}",
-            server_name=call.server_name,
-            tool_name=call.tool_name,
-            tool_args=call.arguments,
-            server=call.server,
-            annotations=call.annotations,
-        )
-        decision = await decide_by_policy("auto", request)
-        assert decision is not None
-        request.decide(decision)
-        if not decision.approved:
-            raise ToolCallDenied(decision.reason)
 
     async def noop(arguments: Mapping[str, Any]) -> str:
         return "ok"
 
-    server = ToolServer(socket_path=work / "tools.sock", token=token, gate=gate)
+    server = ToolServer(socket_path=work / "tools.sock", token=token, gate=_auto_gate)
     server.register_builtin("bench", "noop", noop)
     server.register("everything", _everything())
     env = {"IPYBOX_TOOL_SOCKET": str(work / "tools.sock"), "IPYBOX_TOOL_TOKEN": token, "PYTHONPATH": str(work)}
