@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import anyio
@@ -74,18 +75,22 @@ async def test_cancel_stops_running_code_and_the_executor_keeps_its_state(worksp
 async def test_cancelling_a_queued_execution_never_runs_it(workspace: Path) -> None:
     async with CodeExecutor(workspace=workspace) as ex:
         await ex.execute("ran = False")
-        # The blocker runs until the test releases it, so the cancel surely lands while it runs.
+        # The blocker waits on a FIFO until the test writes to it, so the cancel surely lands while
+        # it runs.
         release = workspace / "release"
-        blocker = ex.execute(
-            f"import os, time\nprint('blocking', flush=True)\nwhile not os.path.exists({str(release)!r}):\n"
-            "    time.sleep(0.01)"
-        )
+        os.mkfifo(release)
+        blocker = ex.execute(f"print('blocking', flush=True)\nopen({str(release)!r}, 'rb').read(1)")
         queued = ex.execute("ran = True")
         async for _ in blocker:
             break
         queued.cancel()
-        release.touch()
+
+        def unblock() -> None:
+            with release.open("wb") as fifo:  # opens once the kernel has the FIFO open for reading
+                fifo.write(b"x")
+
         with anyio.fail_after(10):
+            await anyio.to_thread.run_sync(unblock, abandon_on_cancel=True)
             await blocker
         with pytest.raises(ExecutionCancelled):
             await queued
