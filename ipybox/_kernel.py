@@ -77,6 +77,8 @@ _SANDBOX_EXIT_GRACE = 2.0
 _SANDBOX_DEPTH = 4
 
 _Channel = Literal["shell", "iopub", "control"]
+# Where a sandboxed kernel binds its ZMQ sockets: inside its own size-capped /tmp.
+SANDBOX_SOCKET_DIR = "/tmp/.ipybox-kernel"
 # Separates ZMQ routing identities from the signed parts of a Jupyter message.
 _DELIMITER = b"<IDS|MSG>"
 
@@ -181,6 +183,8 @@ class Kernel:
         self._stderr_size = 0
         self.exit_code: int | None = None
         self.exited = anyio.Event()
+        # The host pid of the kernel process inside the sandbox, once found.
+        self._sandbox_pid: int | None = None
 
     def _msg(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
         return self._session.msg(msg_type, content)  # pyright: ignore[reportUnknownMemberType]
@@ -213,6 +217,8 @@ class Kernel:
         sockets: dict[_Channel, zmq.Socket[bytes]] = {}
         cgroup: PidsCgroup | None = None
         seccomp_fd: int | None = None
+        ready_read: int | None = None
+        ready_write: int | None = None
         try:
             env = dict(env)
             if "HOME" not in env:
@@ -222,7 +228,10 @@ class Kernel:
                 env.setdefault("IPYTHONDIR", str(run_dir / "home" / ".ipython"))
             connection_file = str(run_dir / "kernel.json")
             key = secrets.token_hex(32).encode()
-            _, info = write_connection_file(connection_file, transport="ipc", ip=str(run_dir / "zmq"), key=key)
+            # Sandboxed, the kernel binds its sockets in its own size-capped /tmp, and the run dir
+            # is mounted read-only: nothing the kernel writes lands in the host's filesystem.
+            socket_base = f"{SANDBOX_SOCKET_DIR}/zmq" if sandbox is not None else str(run_dir / "zmq")
+            _, info = write_connection_file(connection_file, transport="ipc", ip=socket_base, key=key)
             argv = [*python, "-m", "ipybox_kernel._launch", "-f", connection_file]
             for flag, value in (
                 ("--memory", limits.memory),
@@ -234,6 +243,8 @@ class Kernel:
                     argv += [flag, str(value)]
             if sandbox is not None:
                 seccomp_fd = sandbox_filter_fd()
+                ready_read, ready_write = os.pipe()
+                argv += ["--ready-fd", str(ready_write)]
                 argv = [
                     *bwrap_argv(
                         sandbox,
@@ -243,6 +254,7 @@ class Kernel:
                         hidden=hidden,
                         tmp_size=limits.tmp_bytes,
                         seccomp_fd=seccomp_fd,
+                        socket_dir=SANDBOX_SOCKET_DIR,
                     ),
                     *argv,
                 ]
@@ -265,8 +277,8 @@ class Kernel:
                     socket.identity = session.bsession
                 else:
                     socket.setsockopt(zmq.SUBSCRIBE, b"")
-                port = cast("dict[str, object]", info)[f"{name}_port"]
-                socket.connect(f"ipc://{run_dir / 'zmq'}-{port}")
+                if sandbox is None:
+                    socket.connect(f"ipc://{socket_base}-{cast('dict[str, object]', info)[f'{name}_port']}")
             cgroup = PidsCgroup.create(limits.processes) if limits.processes is not None else None
             if cgroup is not None:
                 # The launcher joins the cgroup before it becomes bwrap, so nothing escapes it.
@@ -279,11 +291,13 @@ class Kernel:
                 env=env,
                 cwd=workspace,
                 start_new_session=True,
-                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+                pass_fds=tuple(fd for fd in (seccomp_fd, ready_write) if fd is not None),
             )
-            # bwrap has its own copy; ours must not leak into later children.
+            # bwrap has its own copies; ours must not leak into later children, and the ready pipe
+            # must reach end-of-file when the sandbox exits.
             _close_fd(seccomp_fd)
-            seccomp_fd = None
+            _close_fd(ready_write)
+            seccomp_fd = ready_write = None
             kernel = cls(process, session, sockets, run_dir)
             failure: KernelStartError | None = None
             try:
@@ -294,6 +308,8 @@ class Kernel:
                     tg.start_soon(kernel._read_channel, "shell")
                     try:
                         with anyio.fail_after(start_timeout):
+                            if ready_read is not None:
+                                await kernel._connect_sandboxed(ready_read, python[0], info)
                             await kernel._wait_ready()
                     except TimeoutError:
                         failure = KernelStartError(
@@ -302,7 +318,7 @@ class Kernel:
                     except KernelStartError as exc:
                         failure = exc
                     if failure is None and sandbox is not None:
-                        tg.start_soon(kernel._watch_sandboxed_kernel, python[0])
+                        tg.start_soon(kernel._watch_sandboxed_kernel)
                     if failure is not None:
                         # Raised after the task group has closed, so it is not wrapped in a group.
                         kernel.kill()
@@ -320,7 +336,8 @@ class Kernel:
                 with anyio.CancelScope(shield=True):
                     await process.aclose()
         finally:
-            _close_fd(seccomp_fd)
+            for fd in (seccomp_fd, ready_read, ready_write):
+                _close_fd(fd)
             for socket in sockets.values():
                 socket.close()
             if cgroup is not None:
@@ -453,14 +470,38 @@ class Kernel:
         for send in list(self._waiters.values()):
             send.close()
 
-    async def _watch_sandboxed_kernel(self, executable: str) -> None:
+    async def _connect_sandboxed(self, ready: int, executable: str, info: object) -> None:
+        """Connect to a sandboxed kernel's sockets once it says they are bound.
+
+        They live in the sandbox's private ``/tmp``, which the host reaches through the kernel
+        process's root (``/proc/PID/root``). Only after the kernel has written to ``ready`` is that
+        root the sandbox's for certain; before bwrap's pivot it would still be the host's.
+
+        Raises:
+            KernelStartError: The kernel exited before binding its sockets.
+        """
+        await anyio.wait_readable(ready)
+        if not os.read(ready, 1):
+            raise KernelStartError(
+                f"the kernel exited during start-up (exit code {await self._process.wait()})",
+                output=self.stderr_tail(),
+            )
+        self._sandbox_pid = _sandboxed_kernel_pid(self._process.pid, executable)
+        if self._sandbox_pid is None:
+            message = "the sandboxed kernel process could not be found in /proc"
+            raise KernelStartError(message, output=self.stderr_tail())
+        ports = cast("dict[str, object]", info)
+        for name, socket in self._sockets.items():
+            socket.connect(f"ipc:///proc/{self._sandbox_pid}/root{SANDBOX_SOCKET_DIR}/zmq-{ports[f'{name}_port']}")
+
+    async def _watch_sandboxed_kernel(self) -> None:
         """Kill the sandbox when the kernel process inside it exits and the sandbox does not follow.
 
         The process we wait on is bwrap; it exits when the kernel does only if bwrap's init in the
         PID namespace reaps it. A stopped or hung init (kernel code can reach it: same uid) would
         leave a dead kernel unnoticed, so the kernel's own host pid is watched through a pidfd.
         """
-        pid = _sandboxed_kernel_pid(self._process.pid, executable)
+        pid = self._sandbox_pid
         if pid is None:
             return
         try:
@@ -569,7 +610,7 @@ def bytecode_missing() -> bool:
 
 def _sandboxed_kernel_pid(root: int, executable: str) -> int | None:
     """The host pid of the kernel process below ``root`` (our bwrap child): the first descendant
-    running ``executable``. None if it cannot be found (no ``/proc/<pid>/task/<pid>/children``)."""
+    running ``executable``. None if there is none."""
     target = os.path.realpath(executable)
     pids = [root]
     for _ in range(_SANDBOX_DEPTH):
@@ -578,11 +619,29 @@ def _sandboxed_kernel_pid(root: int, executable: str) -> int | None:
             try:
                 if os.readlink(f"/proc/{pid}/exe") == target:
                     return pid
-                below += [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
             except OSError:
                 continue
+            below += _children(pid)
         pids = below
     return None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        pass  # a kernel built without CONFIG_PROC_CHILDREN: look at every process's parent
+    except OSError:
+        return []
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
 
 
 def _close_fd(fd: int | None) -> None:

@@ -29,6 +29,8 @@ _ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "security
 _ETC_SECRET_DIRS = ("ssh", "ssl/private", "sudoers.d")
 # Top-level system directories; on merged-/usr systems most are symlinks into /usr.
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# /proc entries that act on the whole host rather than on the sandbox's processes (see _proc_covers).
+_PROC_HOST_WIDE = ("sys", "sysrq-trigger", "pressure", "irq", "bus", "fs", "acpi", "scsi", "driver", "tty")
 # How long the one-off probe of bwrap may take before we call it broken.
 _PROBE_TIMEOUT = 10.0
 
@@ -173,6 +175,23 @@ def _isolation_flags() -> list[str]:
     ]
 
 
+def _proc_covers() -> list[str]:
+    """Mounts that make the host-wide parts of the sandbox's ``/proc`` read-only.
+
+    The kernel runs as the host's uid 0 without capabilities, and several ``/proc`` files check only
+    the uid: ``/proc/sys`` (``kernel.core_pattern`` set to ``|/workspace/script`` runs that script as
+    host root on the next crash; ``kernel.modprobe``, ``vm.drop_caches`` and the rest change the
+    whole host), ``/proc/sysrq-trigger`` (reboot, crash), ``/proc/pressure`` (kernel-side
+    triggers). bwrap covers ``/proc/sys`` only if its own ``access()`` probe says it is writable,
+    and the directory's mode makes that probe fail, so cover them here. The source is the host's
+    ``/proc``: bind sources always are; read-only, these files show what they show everywhere.
+    """
+    argv: list[str] = []
+    for name in _PROC_HOST_WIDE:
+        argv += ["--ro-bind-try", f"/proc/{name}", f"/proc/{name}"]
+    return argv
+
+
 def _python_roots() -> list[Path]:
     """Directories the kernel's interpreter and packages live in."""
     import ipybox_kernel
@@ -195,11 +214,13 @@ def bwrap_argv(
     hidden: Sequence[Path] = (),
     tmp_size: int | None = None,
     seccomp_fd: int | None = None,
+    socket_dir: str | None = None,
 ) -> list[str]:
     """The bwrap command line that runs a program with the given mounts (the program follows ``--``).
 
     ``seccomp_fd`` is a descriptor the child inherits that yields `syscall_filter` (see
-    `sandbox_filter_fd`).
+    `sandbox_filter_fd`). ``socket_dir`` is created in the sandbox's ``/tmp`` for the kernel's
+    sockets.
     """
     argv = [_bwrap_path(), *_isolation_flags()]
     if seccomp_fd is not None:
@@ -217,12 +238,12 @@ def bwrap_argv(
         # An empty regular file: a device node like /dev/null would be unreadable (nodev).
         argv += ["--ro-bind", str(empty), path]
     for path in dirs:
-        argv += ["--tmpfs", path]
+        argv += ["--tmpfs", path, "--remount-ro", path]
     # /tmp and /dev/shm are tmpfs, held in host memory: cap them, and make the rest of the /dev
     # tmpfs read-only (device nodes stay usable), or a write there could fill the host's RAM.
     size = ["--size", str(tmp_size)] if tmp_size is not None else []
     argv += ["--dev", "/dev", *size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-    argv += ["--proc", "/proc", *size, "--tmpfs", "/tmp"]
+    argv += ["--proc", "/proc", *_proc_covers(), *size, "--tmpfs", "/tmp"]
     for root in _python_roots():
         argv += ["--ro-bind", str(root), str(root)]
     for path in config.ro_paths:
@@ -234,6 +255,12 @@ def bwrap_argv(
         # Mounted after the workspace, so a tools dir inside the workspace stays read-only.
         argv += ["--ro-bind", str(tools_dir), str(tools_dir)]
     for path in hidden:
-        argv += ["--tmpfs", str(path)]
-    argv += ["--bind", str(run_dir), str(run_dir), "--chdir", str(workspace), "--"]
+        argv += ["--tmpfs", str(path), "--remount-ro", str(path)]
+    # The connection file and the empty file above: the kernel reads them, it writes nothing here.
+    argv += ["--ro-bind", str(run_dir), str(run_dir)]
+    if socket_dir is not None:
+        argv += ["--dir", socket_dir]
+    # bwrap's root is a tmpfs in host memory with no size cap; nothing needs to write to it once
+    # the mount points exist.
+    argv += ["--remount-ro", "/", "--chdir", str(workspace), "--"]
     return argv

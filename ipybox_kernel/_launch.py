@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu", type=int)
     parser.add_argument("--files", type=int)
     parser.add_argument("--output", type=int)
+    # Written to once the kernel's sockets are bound (the host connects only then; see ipybox._kernel).
+    parser.add_argument("--ready-fd", type=int)
     ours, rest = parser.parse_known_args(argv)
     _set_limit(resource.RLIMIT_AS, ours.memory)
     _set_limit(resource.RLIMIT_CPU, ours.cpu)
@@ -126,6 +128,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.flush()
         os._exit(1)
     del sys.modules["debugpy"]
+    if ours.ready_fd is not None:
+        os.write(ours.ready_fd, b"1")
+        # User code has no business with the host's end of start-up.
+        os.close(ours.ready_fd)
     app.start()
 
 

@@ -1,0 +1,195 @@
+"""Kernel code aiming at what acts on the whole host: kernel settings, the sandbox's own mounts, the
+directory the host shares with the kernel.
+
+The kernel runs as the host's uid 0 without capabilities when ipybox runs as root (as here and in
+CI), and some kernel interfaces check only the uid. Each case reproduces an attack that once worked
+and shows it contained.
+"""
+
+# The suite checks the kernel's host-side run directory, which is private.
+# pyright: reportPrivateUsage=false
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncGenerator
+from pathlib import Path
+
+import pytest
+
+from ipybox import CodeExecutor
+from ipybox._kernel import SANDBOX_SOCKET_DIR
+
+from .conftest import kernel_of, run
+
+pytestmark = pytest.mark.anyio
+
+CORE_PATTERN = Path("/proc/sys/kernel/core_pattern")
+
+
+@pytest.fixture(scope="module")
+async def executor(module_workspace: Path, tools_dir: Path) -> AsyncGenerator[CodeExecutor]:
+    async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir, approval="auto") as ex:
+        yield ex
+
+
+async def still_works(executor: CodeExecutor) -> None:
+    result = await run(executor, "print(6 * 7)")
+    assert result.text == "42\n"
+
+
+async def test_the_core_pattern_attack_leaves_the_host_setting_unchanged_and_runs_nothing_on_the_host(
+    executor: CodeExecutor,
+) -> None:
+    # The attack: a pipe core pattern naming a workspace script, then a crash. Had the write gone
+    # through, the host's kernel would have run the script as host root, outside every namespace.
+    before = CORE_PATTERN.read_text()
+    marker = executor.workspace / "ran-on-the-host"
+    code = f"""
+import os, signal, subprocess, sys
+script = os.path.join(os.getcwd(), "pwn.sh")
+with open(script, "w") as f:
+    f.write("#!/bin/sh\\ntouch {marker}\\n")
+os.chmod(script, 0o755)
+try:
+    with open("/proc/sys/kernel/core_pattern", "w") as f:
+        f.write("|" + script)
+    print("written")
+except OSError as exc:
+    print("refused", exc.errno)
+child = subprocess.run([sys.executable, "-c", "import os; os.abort()"])
+print("child", child.returncode)
+"""
+    try:
+        result = await run(executor, code)
+        after = CORE_PATTERN.read_text()
+    finally:
+        if CORE_PATTERN.read_text() != before:
+            # Only reached if the sandbox regressed: put the host back as it was.
+            CORE_PATTERN.write_text(before)
+    assert "refused 30" in result.text  # EROFS
+    assert f"child {-6}" in result.text
+    assert after == before
+    assert not marker.exists()
+    await still_works(executor)
+
+
+SCAN_PROC = """
+import os
+writable = []
+for root, dirs, files in os.walk("/proc"):
+    if root == "/proc":
+        # The sandbox's own processes: writing to them changes only the sandbox.
+        dirs[:] = [d for d in dirs if not d.isdigit() and d not in ("self", "thread-self")]
+    for name in files:
+        path = os.path.join(root, name)
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            continue
+        writable.append(path)
+print(writable)
+"""
+
+
+async def test_nothing_in_proc_outside_the_sandboxs_own_processes_opens_for_writing(executor: CodeExecutor) -> None:
+    # /proc/sys alone had 763 writable files (every sysctl), /proc/pressure 3.
+    result = await run(executor, SCAN_PROC)
+    assert result.text == "[]\n"
+
+
+async def test_sysctls_sysrq_and_pressure_triggers_are_refused_and_the_host_values_stay(executor: CodeExecutor) -> None:
+    # What each write would do on the host: drop its caches, make it panic a second after an oops,
+    # rename it, change its swapping, drive sysrq (reboot, crash), and set a kernel-side memory pressure trigger.
+    attempts = {
+        "/proc/sys/vm/drop_caches": "3",
+        "/proc/sys/kernel/panic": "1",
+        "/proc/sys/kernel/hostname": "pwned",
+        "/proc/sys/vm/swappiness": "1",
+        "/proc/sysrq-trigger": "h",  # harmless (help to the log) should the sandbox regress
+        "/proc/pressure/memory": "some 150000 1000000",
+    }
+    readable = ["/proc/sys/kernel/panic", "/proc/sys/kernel/hostname", "/proc/sys/vm/swappiness"]
+    before = {path: Path(path).read_text() for path in readable}
+    code = f"""
+for path, value in {attempts!r}.items():
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+        print(path, "written")
+    except OSError as exc:
+        print(path, "refused", exc.errno)
+"""
+    try:
+        result = await run(executor, code)
+        after = {path: Path(path).read_text() for path in readable}
+    finally:
+        for path, value in before.items():
+            if Path(path).read_text() != value:
+                Path(path).write_text(value)  # only if the sandbox regressed
+    assert "written" not in result.text
+    assert after == before
+
+
+MOUNTS = """
+import json, os, stat
+rw = []
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    if "rw" not in fields[5].split(","):
+        continue
+    point = fields[4]
+    try:
+        device = stat.S_ISCHR(os.stat(point).st_mode)
+    except OSError:
+        device = False
+    if not device:
+        rw.append(point)
+print(json.dumps(rw))
+"""
+
+
+async def test_the_only_writable_mounts_are_the_workspace_tmp_dev_shm_and_the_covered_proc(
+    executor: CodeExecutor,
+) -> None:
+    # bwrap's root tmpfs and the tmpfs mounts masking /etc entries used to take writes, uncapped.
+    result = await run(executor, MOUNTS)
+    writable = set(json.loads(result.text))
+    assert writable == {str(executor.workspace), "/tmp", "/dev/shm", "/proc", "/dev/pts"}
+
+
+async def test_writes_to_the_sandbox_root_and_masked_etc_directories_fail(executor: CodeExecutor) -> None:
+    targets = ["/new-file", "/etc/ssh/planted", "/usr/planted"]
+    if executor.tools_dir is not None:
+        targets.append(str(executor.tools_dir / ".ipybox" / "servers.json"))
+    code = f"""
+for path in {targets!r}:
+    try:
+        open(path, "w").write("x" * 4096)
+        print(path, "written")
+    except OSError as exc:
+        print(path, "refused")
+"""
+    result = await run(executor, code)
+    assert result.text.count("refused") == len(targets), result.text
+
+
+async def test_the_kernel_writes_nothing_into_the_host_run_directory(executor: CodeExecutor) -> None:
+    # Its sockets are bound in its own size-capped /tmp; the run dir (connection file) is read-only.
+    run_dir = kernel_of(executor).run_dir
+    before = sorted(os.listdir(run_dir))
+    code = f"""
+import os
+try:
+    open({str(run_dir / "big")!r}, "wb").write(b"x" * 2**20)
+    print("written")
+except OSError as exc:
+    print("refused", exc.errno)
+print(sorted(os.listdir({SANDBOX_SOCKET_DIR!r})))
+"""
+    result = await run(executor, code)
+    assert result.text.splitlines()[0] == "refused 30"
+    assert all(name.startswith("zmq-") for name in json.loads(result.text.splitlines()[1].replace("'", '"')))
+    assert sorted(os.listdir(run_dir)) == before
+    await still_works(executor)
