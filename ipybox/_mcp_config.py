@@ -49,7 +49,9 @@ class ServerConfig:
             asked), ``"auto"`` approve, ``"deny"`` reject.
         allow: ``server.tool`` globs approved without asking.
         deny: ``server.tool`` globs always rejected (wins over everything).
-        allow_read_only: Approve tools annotated ``readOnlyHint: true``.
+        allow_read_only: Approve tools annotated ``readOnlyHint: true``. A server is started only for
+            an approved call, so its annotations are known from the second call on: the first call
+            to a server is decided by the other rules.
         approval_timeout: Seconds to wait for the user's answer before rejecting.
         servers: MCP servers registered in every session at its start.
         allow_register: Whether clients may register servers (which runs commands on the host).
@@ -219,7 +221,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     approval.add_argument("--allow", action="append", default=[], metavar="GLOB", help="approve server.tool globs")
     approval.add_argument("--deny", action="append", default=[], metavar="GLOB", help="reject server.tool globs")
     approval.add_argument(
-        "--allow-read-only", action="store_true", help="approve tools annotated readOnlyHint (trusted servers only)"
+        "--allow-read-only",
+        action="store_true",
+        help="approve tools annotated readOnlyHint (trusted servers only); a server is started for an approved "
+        "call only, so the first call to a server is decided by the other rules",
     )
 
 

@@ -6,9 +6,13 @@ The sandboxed kernel has no network. Its only way to an MCP tool is the unix soc
 1. checks the request's size and nesting and the executor's token (a wrong or missing one gets
    nothing run),
 2. looks the server up *by name* in the registry the host filled with `register()`,
-3. looks the tool up in that server's tool list (connecting to the server if needed),
-4. hands a `ToolCall` to the gate, which returns to approve or raises `ToolCallDenied`,
+3. hands a `ToolCall` to the gate, which returns to approve or raises `ToolCallDenied`,
+4. starts or connects to the server if it is not running, and looks the tool up in its tool list,
 5. calls the tool over the server's long-lived MCP session and sends the result back.
+
+Nothing of a server is started or connected before a call to it has been approved (kernel code must
+not be able to start host processes by asking), so the gate sees a tool's annotations only once its
+server has listed its tools; for the first call to a server they are None.
 
 MCP sessions are started lazily, shared by concurrent calls, restarted after a crash, and closed on
 `reset()` and when `run()` ends. Each one is owned by a task in the ToolServer's task group.
@@ -116,7 +120,10 @@ class ToolCall:
         seq: The kernel's sequence number of the call.
         server: What the host will run or call: the command line or URL (no secret values).
         annotations: The tool's MCP annotations as listed by the server (``readOnlyHint``, ...).
-            They are hints from the server, not guarantees.
+            They are hints from the server, not guarantees. None when the server lists none for
+            the tool, and when the server has never been connected: a server is started only for
+            a call that was approved, so the first call to it is approved without them (a policy
+            that approves read-only tools does not approve that call by this rule).
     """
 
     server_name: str
@@ -263,6 +270,8 @@ class _Entry:
     description: str
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     live: _Session | None = None
+    tools: dict[str, mcp_types.Tool] | None = None
+    """The server's tools as it last listed them; kept after its session closes, for the gate."""
 
 
 class _Budget:
@@ -606,21 +615,18 @@ class ToolServer:
                 "unknown_server",
                 f"no MCP server named {server!r} is registered with this executor (registered: {known})",
             )
-        live = await self._session(entry, request)
-        spec = live.tools.get(tool)
-        if spec is None:
-            # The server may have added the tool since it was listed.
-            live.tools = await self._list_tools(entry, live.session, request)
-            spec = live.tools.get(tool)
-        if spec is None:
-            known = ", ".join(repr(n) for n in sorted(live.tools)) or "none"
-            return _error(
-                request.seq,
-                "unknown_tool",
-                f"MCP server {server!r} has no tool named {tool!r} (its tools: {known})",
-            )
+        live = entry.live
+        if live is not None and live.usable:
+            # Connected already: an unknown tool is refused without asking the application.
+            spec = await self._find_tool(entry, live, request)
+        else:
+            # Not connected, and not to be before this call is approved: the gate gets the
+            # annotations of the server's last listing, if there was one.
+            spec = entry.tools.get(tool) if entry.tools is not None else None
         annotations = (
-            spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if spec.annotations else None
+            spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True)
+            if spec is not None and spec.annotations
+            else None
         )
         call = ToolCall(
             server_name=server,
@@ -634,10 +640,27 @@ class ToolServer:
         refused = await self._approve(call)
         if refused is not None:
             return refused
-        # Approval can take long; the session may have been reset or replaced meanwhile.
-        if not live.usable:
-            live = await self._session(entry, request)
+        # Started here if it is not running; or, approval having taken long, reset or replaced meanwhile.
+        live = await self._session(entry, request)
+        await self._find_tool(entry, live, request)
         return await self._call(entry, live, request)
+
+    async def _find_tool(self, entry: _Entry, live: _Session, request: ToolRequest) -> mcp_types.Tool:
+        spec = live.tools.get(request.tool)
+        if spec is None:
+            # The server may have added the tool since it was listed.
+            live.tools = entry.tools = await self._list_tools(entry, live.session, request)
+            spec = live.tools.get(request.tool)
+        if spec is None:
+            known = ", ".join(repr(n) for n in sorted(live.tools)) or "none"
+            raise _Reply(
+                _error(
+                    request.seq,
+                    "unknown_tool",
+                    f"MCP server {request.server!r} has no tool named {request.tool!r} (its tools: {known})",
+                )
+            )
+        return spec
 
     async def _approve(self, call: ToolCall) -> ToolErrorReply | None:
         """Run the gate; an error reply when the call must not be made."""
@@ -731,6 +754,7 @@ class ToolServer:
                     _error(request.seq, "server_start", f"cannot start MCP server {entry.name!r}: {exc}")
                 ) from None
             entry.live = live
+            entry.tools = live.tools
             return live
 
     async def _own_session(self, entry: _Entry, *, task_status: anyio.abc.TaskStatus[_Session]) -> None:

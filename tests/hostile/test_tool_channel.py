@@ -20,12 +20,13 @@ from typing import Any, cast
 
 import anyio
 import pytest
+from servers.fixtures import stdio_server
 
-from ipybox import CodeExecutionError, CodeExecutor
+from ipybox import ApprovalRules, CodeExecutionError, CodeExecutor
 from ipybox._channel import MAX_JSON_DEPTH, MAX_LINE_BYTES, MAX_REPLY_BYTES
 from ipybox._toolserver import MAX_BUFFERED_BYTES, MAX_CONNECTIONS, BuiltinTool
 
-from .conftest import run
+from .conftest import processes_mentioning, run, wait_until_gone
 
 pytestmark = pytest.mark.anyio
 
@@ -326,3 +327,46 @@ async def test_a_kernel_that_drops_its_connection_mid_call_cancels_only_that_cal
             await execution
         await cancelled.wait()
     await still_works(auto_executor)
+
+
+# -- servers start only for approved calls -------------------------------------------------------
+
+MARKED_CALL = (
+    "from ipybox_kernel import call_tool, ToolCallError\n"
+    "try:\n    print(call_tool('marked', {tool!r}, {args!r}).text)\n"
+    "except ToolCallError as e:\n    print(type(e).__name__)\n"
+)
+
+
+async def test_an_mcp_server_is_started_only_after_the_first_call_to_it_is_approved(
+    workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "started"
+    async with CodeExecutor(workspace=workspace, tools_dir=None, approval="ask") as ex:
+        ex.register_mcp_server("marked", stdio_server(started_file=marker))
+        rejected = await run(ex, MARKED_CALL.format(tool="greet", args={"name": "Ada"}), accept=False)
+        assert rejected.text == "ToolCallRejected\n"
+        assert not marker.exists()
+        assert processes_mentioning(str(marker)) == []
+        approved = await run(ex, MARKED_CALL.format(tool="greet", args={"name": "Ada"}))
+        assert approved.text == "Hello, Ada!\n"
+        (pid,) = map(int, marker.read_text().split())
+        assert processes_mentioning(str(marker)) == [pid]
+    await wait_until_gone(str(marker))
+
+
+async def test_a_read_only_tool_of_a_server_that_never_ran_is_not_approved_by_the_read_only_rule(
+    workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "started"
+    rules = ApprovalRules(allow=["marked.add"], allow_read_only=True, otherwise="reject")
+    lookup = MARKED_CALL.format(tool="lookup", args={"key": "k"})
+    async with CodeExecutor(workspace=workspace, tools_dir=None, approval=rules) as ex:
+        ex.register_mcp_server("marked", stdio_server(started_file=marker))
+        # Its annotations are unknown until the server runs, and unknown is not read-only.
+        assert (await run(ex, lookup)).text == "ToolCallRejected\n"
+        assert not marker.exists()
+        assert (await run(ex, MARKED_CALL.format(tool="add", args={"a": 1, "b": 2}))).text == "3\n"
+        # Now the server has listed its tools, and says lookup only reads.
+        assert (await run(ex, lookup)).text == "value of k\n"
+    await wait_until_gone(str(marker))
