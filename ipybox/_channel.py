@@ -25,7 +25,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = (
+    "MAX_JSON_DEPTH",
     "MAX_LINE_BYTES",
+    "MAX_REPLY_BYTES",
     "ErrorKind",
     "ToolErrorReply",
     "ToolRequest",
@@ -34,10 +36,18 @@ __all__ = (
 
 # Large enough for big arguments and inline images, small enough that a flood of such lines stays bounded.
 MAX_LINE_BYTES = 16 * 1024 * 1024
+# Far deeper than any tool's arguments; shallow enough that the host's recursive walks over a request
+# (json, pydantic, the approval's read-only copy) stay far from Python's recursion limit.
+MAX_JSON_DEPTH = 64
+# Room for results of several MB (their text is sent twice: as text and as a content item), small
+# enough that a server's runaway result fails as that call's error instead of filling the kernel.
+MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 ErrorKind = Literal[
-    "bad_request",  # not JSON, or not a valid request (unknown or missing fields, wrong types)
-    "too_large",  # the request line exceeded MAX_LINE_BYTES; the connection is closed
+    "bad_request",  # not JSON, nested deeper than MAX_JSON_DEPTH, or not a valid request (fields, types)
+    # A request line over MAX_LINE_BYTES, or past the host's budget for unanswered requests (the
+    # connection is then closed); or a reply over MAX_REPLY_BYTES (the connection keeps serving).
+    "too_large",
     "unauthorized",  # missing or wrong token; the connection is closed
     "unknown_server",  # no server of that name is registered
     "unknown_tool",  # the server has no tool of that name

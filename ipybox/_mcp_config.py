@@ -6,6 +6,7 @@ Kept apart from `ipybox.mcp_server` so that ``ipybox --help`` does not import th
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,15 @@ from typing import Any, Literal, cast
 from ._exceptions import UsageError
 from ._mcp import HttpServer, StdioServer, parse_server_params
 
-__all__ = ("TOKEN_ENV", "ApprovalMode", "ServerConfig", "add_arguments", "bearer_token", "config_from_args")
+__all__ = (
+    "TOKEN_ENV",
+    "ApprovalMode",
+    "ServerConfig",
+    "add_arguments",
+    "bearer_token",
+    "check_exposure",
+    "config_from_args",
+)
 
 ApprovalMode = Literal["ask", "auto", "deny"]
 
@@ -49,7 +58,9 @@ class ServerConfig:
             asked), ``"auto"`` approve, ``"deny"`` reject.
         allow: ``server.tool`` globs approved without asking.
         deny: ``server.tool`` globs always rejected (wins over everything).
-        allow_read_only: Approve tools annotated ``readOnlyHint: true``.
+        allow_read_only: Approve tools annotated ``readOnlyHint: true``. A server is started only for
+            an approved call, so its annotations are known from the second call on: the first call
+            to a server is decided by the other rules.
         approval_timeout: Seconds to wait for the user's answer before rejecting.
         servers: MCP servers registered in every session at its start.
         allow_register: Whether clients may register servers (which runs commands on the host).
@@ -219,7 +230,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     approval.add_argument("--allow", action="append", default=[], metavar="GLOB", help="approve server.tool globs")
     approval.add_argument("--deny", action="append", default=[], metavar="GLOB", help="reject server.tool globs")
     approval.add_argument(
-        "--allow-read-only", action="store_true", help="approve tools annotated readOnlyHint (trusted servers only)"
+        "--allow-read-only",
+        action="store_true",
+        help="approve tools annotated readOnlyHint (trusted servers only); a server is started for an approved "
+        "call only, so the first call to a server is decided by the other rules",
     )
 
 
@@ -276,3 +290,25 @@ def bearer_token(args: argparse.Namespace) -> str | None:
     """The bearer token from ``--bearer-token`` or the environment (empty means none)."""
     token: str | None = args.bearer_token or os.environ.get(TOKEN_ENV)
     return token or None
+
+
+def check_exposure(host: str, token: str | None) -> None:
+    """Refuse to serve HTTP beyond this machine without a bearer token.
+
+    Whoever reaches the server runs code in its kernels (and, with ``--allow-register``, commands
+    on this host), so only a loopback address may go without a token.
+
+    Raises:
+        UsageError: ``host`` is not a loopback address and there is no token.
+    """
+    if token is not None:
+        return
+    try:
+        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = host == "localhost"  # another name may resolve to any address
+    if not loopback:
+        raise UsageError(
+            f"refusing to listen on {host!r} without a bearer token: anyone who reaches it could run code "
+            f"here; set {TOKEN_ENV} (or pass --bearer-token), or listen on 127.0.0.1"
+        )

@@ -3,24 +3,36 @@
 The sandboxed kernel has no network. Its only way to an MCP tool is the unix socket this
 `ToolServer` listens on (see `ipybox._channel` for the wire format). For each request the ToolServer
 
-1. checks the executor's token (a wrong or missing one gets nothing run),
+1. checks the request's size and nesting and the executor's token (a wrong or missing one gets
+   nothing run),
 2. looks the server up *by name* in the registry the host filled with `register()`,
-3. looks the tool up in that server's tool list (connecting to the server if needed),
-4. hands a `ToolCall` to the gate, which returns to approve or raises `ToolCallDenied`,
+3. hands a `ToolCall` to the gate, which returns to approve or raises `ToolCallDenied`,
+4. starts or connects to the server if it is not running, and looks the tool up in its tool list,
 5. calls the tool over the server's long-lived MCP session and sends the result back.
+
+Nothing of a server is started or connected before a call to it has been approved (kernel code must
+not be able to start host processes by asking), so the gate sees a tool's annotations only once its
+server has listed its tools; for the first call to a server they are None.
 
 MCP sessions are started lazily, shared by concurrent calls, restarted after a crash, and closed on
 `reset()` and when `run()` ends. Each one is owned by a task in the ToolServer's task group.
+
+Everything on the socket comes from kernel code, which is untrusted: whatever one request or
+connection does ends in an error reply (or a closed connection) for it, never in an exception out
+of `run()`, and the memory all connections together can hold is bounded (`MAX_BUFFERED_BYTES`).
 """
 
 from __future__ import annotations
 
 import errno
 import hmac
+import itertools
 import json
 import logging
 import math
+import operator
 import os
+import re
 import socket
 import stat
 import tempfile
@@ -37,7 +49,15 @@ from mcp import types as mcp_types
 from mcp_types import CONNECTION_CLOSED
 from pydantic import ValidationError
 
-from ._channel import MAX_LINE_BYTES, ErrorKind, ToolErrorReply, ToolRequest, ToolResultReply
+from ._channel import (
+    MAX_JSON_DEPTH,
+    MAX_LINE_BYTES,
+    MAX_REPLY_BYTES,
+    ErrorKind,
+    ToolErrorReply,
+    ToolRequest,
+    ToolResultReply,
+)
 from ._exceptions import IpyboxError, MCPServerError, UsageError
 from ._mcp import HttpServer, StdioServer, describe_server, open_session, parse_server_params
 
@@ -45,9 +65,16 @@ __all__ = ("Gate", "ToolCall", "ToolCallDenied", "ToolServer")
 
 logger = logging.getLogger(__name__)
 
-# Each connection may buffer a request line of up to MAX_LINE_BYTES and carries one call at a time,
-# so this bounds both the host memory a kernel can tie up and the number of calls in flight.
+# Each connection carries one call at a time, so this bounds the calls in flight and the host's
+# descriptors a kernel can hold.
 MAX_CONNECTIONS = 32
+# Request lines (partial, or being answered) all connections together may hold: four of the largest
+# requests at once, an eighth of what MAX_CONNECTIONS lines of MAX_LINE_BYTES would take. A line
+# counts until its answer is sent, because its parsed form lives that long (and takes several times
+# the line's bytes). A connection that needs more is refused rather than paused: a paused reader
+# waits for others to finish their lines, and partial lines that are never finished would pause
+# every connection for good; a refusal frees the memory at once and tells the code what to change.
+MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 # Connections beyond MAX_CONNECTIONS wait here (then in connect()) until a slot frees, rather than fail.
 LISTEN_BACKLOG = 128
 # A server can exit unseen while a session is idle; after this long unused, a ping checks it first.
@@ -65,6 +92,17 @@ HANGUP_WATCH_AFTER = 0.05
 # One read per wakeup; large requests take several.
 _RECEIVE_CHUNK = 256 * 1024
 _TOO_LARGE = f"a tool-call request is limited to {MAX_LINE_BYTES} bytes; pass large data as a file"
+_OVER_BUDGET = (
+    f"the tool server holds at most {MAX_BUFFERED_BYTES} bytes of unanswered tool-call requests from this "
+    "kernel, and this one did not fit; make fewer large calls at once, or pass large data as a file"
+)
+_TOO_DEEP = f"the tool-call request is nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects"
+# A JSON string, its escaped backslashes and quotes removed first, and unterminated ones to the end
+# of the line: it always matches once it has started, which keeps the scan linear.
+_JSON_STRING = re.compile(rb'"[^"]*"?')
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+# An opening bracket counts 2 and a closing one 0: depth after n brackets = running sum - n.
+_BRACKET_WEIGHTS = bytes.maketrans(b"[]{}", b"\x02\x00\x02\x00")
 # Socket paths longer than this do not fit in sockaddr_un on Linux (108 bytes including the NUL).
 _MAX_SOCKET_PATH = 107
 
@@ -82,7 +120,10 @@ class ToolCall:
         seq: The kernel's sequence number of the call.
         server: What the host will run or call: the command line or URL (no secret values).
         annotations: The tool's MCP annotations as listed by the server (``readOnlyHint``, ...).
-            They are hints from the server, not guarantees.
+            They are hints from the server, not guarantees. None when the server lists none for
+            the tool, and when the server has never been connected: a server is started only for
+            a call that was approved, so the first call to it is approved without them (a policy
+            that approves read-only tools does not approve that call by this rule).
     """
 
     server_name: str
@@ -229,6 +270,26 @@ class _Entry:
     description: str
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     live: _Session | None = None
+    tools: dict[str, mcp_types.Tool] | None = None
+    """The server's tools as it last listed them; kept after its session closes, for the gate."""
+
+
+class _Budget:
+    """The bytes of request lines that all connections of a ToolServer hold together."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, size: int) -> bool:
+        """Reserve ``size`` bytes; False (and nothing reserved) if they do not fit."""
+        if self.used + size > self.limit:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
 
 
 class ToolServer:
@@ -271,6 +332,8 @@ class ToolServer:
         self._max_connections = max_connections
         self._entries: dict[str, _Entry] = {}
         self._builtins: dict[tuple[str, str], BuiltinTool] = {}
+        self._budget = _Budget(MAX_BUFFERED_BYTES)
+        self._max_reply_bytes = MAX_REPLY_BYTES
         self._task_group: anyio.abc.TaskGroup | None = None
         self._connection_closed = anyio.Event()
         self._idle_probe_after = IDLE_PROBE_AFTER
@@ -399,7 +462,7 @@ class ToolServer:
                 with anyio.move_on_after(ACCEPT_RETRY_DELAY):
                     await self._connection_closed.wait()
                 continue
-            tg.start_soon(self._serve_connection, _LineConnection(sock), slots)
+            tg.start_soon(self._serve_connection, _LineConnection(sock, self._budget), slots)
 
     async def _serve_connection(self, connection: _LineConnection, slots: anyio.Semaphore) -> None:
         """Read requests from one connection and answer them in order, one at a time.
@@ -413,29 +476,44 @@ class ToolServer:
             async with anyio.create_task_group() as tg:
                 watch = _HangupWatch(connection)
                 await tg.start(watch.run)
-                while True:
-                    try:
-                        line = await connection.receive_line(MAX_LINE_BYTES)
-                    except _LineTooLong:
-                        await connection.send_reply(_error(None, "too_large", _TOO_LARGE))
-                        break
-                    except EOFError:
-                        break
-                    try:
-                        request = self._parse(line)
-                    except _Reply as early:
-                        await connection.send_reply(early.reply)
-                        if early.close:
-                            break
-                        continue
-                    if not await self._answer_watched(connection, request, watch):
-                        break
+                while await self._serve_request(connection, watch):
+                    pass
                 tg.cancel_scope.cancel()
+        except Exception:  # a task in the ToolServer's group: one connection's fault must not end it
+            logger.exception("serving a tool-call connection failed; it was closed")
         finally:
             connection.close()
             slots.release()
             self._connection_closed.set()
             self._connection_closed = anyio.Event()
+
+    async def _serve_request(self, connection: _LineConnection, watch: _HangupWatch) -> bool:
+        """Read one request and answer it; False when the connection is done."""
+        try:
+            line = await connection.receive_line(MAX_LINE_BYTES)
+        except _LineTooLong:
+            await connection.send_reply(_error(None, "too_large", _TOO_LARGE))
+            return False
+        except _OverBudget:
+            await connection.send_reply(_error(None, "too_large", _OVER_BUDGET))
+            return False
+        except EOFError:
+            return False
+        try:
+            try:
+                request = self._parse(line)
+            except _Reply as early:
+                await connection.send_reply(early.reply)
+                return not early.close
+            except Exception as exc:  # a bug in parsing; the kernel gets an answer, not a hang-up
+                logger.exception("reading a tool-call request failed")
+                message = f"the tool server could not read the request ({type(exc).__name__}); see the host's log"
+                await connection.send_reply(_error(None, "bad_request", message))
+                return True
+            del line  # with the request parsed, the line's bytes need not live through the call
+            return await self._answer_watched(connection, request, watch)
+        finally:
+            connection.answered()
 
     async def _answer_watched(self, connection: _LineConnection, request: ToolRequest, watch: _HangupWatch) -> bool:
         """Answer one request; False if the kernel hung up meanwhile (the call was cancelled)."""
@@ -448,6 +526,14 @@ class ToolServer:
                     reply = await self._answer(request)
                 except _Reply as early:
                     reply = early.reply
+                except Exception as exc:  # whatever fails in one call is that call's error
+                    logger.exception("the call to %s/%s failed on the host", request.server, request.tool)
+                    reply = _error(
+                        request.seq,
+                        "internal",
+                        f"the call to tool {request.tool!r} of {request.server!r} failed on the host "
+                        f"({type(exc).__name__}); the host's log has the details",
+                    )
         finally:
             watch.disarm()
         if flight.watching is not None:
@@ -457,18 +543,42 @@ class ToolServer:
         if flight.hung_up:
             return False
         if reply is not None:
-            await connection.send_reply(reply)
+            await connection.send(self._encode(request, reply))
         return True
 
+    def _encode(self, request: ToolRequest, reply: ToolResultReply | ToolErrorReply) -> bytes:
+        """The reply's line, or an error line when it cannot be sent (too large, not encodable)."""
+        try:
+            data = _encode(reply)
+        except Exception as exc:  # e.g. text the server sent that is not valid Unicode
+            logger.exception("encoding the reply to %s/%s failed", request.server, request.tool)
+            message = (
+                f"the result of tool {request.tool!r} of {request.server!r} could not be encoded as JSON "
+                f"({type(exc).__name__}); the host's log has the details"
+            )
+            return _encode(_error(request.seq, "internal", message))
+        if len(data) > self._max_reply_bytes:
+            message = (
+                f"the result of tool {request.tool!r} of {request.server!r} is {len(data)} bytes as JSON; the "
+                f"limit is {self._max_reply_bytes} bytes (ask the tool for less, or for a file)"
+            )
+            return _encode(_error(request.seq, "too_large", message))
+        return data
+
     def _parse(self, line: bytes) -> ToolRequest:
+        if _nested_deeper_than(line, MAX_JSON_DEPTH):
+            raise _Reply(_error(None, "bad_request", _TOO_DEEP))
         try:
             request = ToolRequest.model_validate_json(line)
-        except ValidationError:
-            pass  # parsed again below, to tell a bad token from a bad request and to name the problems
+        except ValidationError as exc:
+            invalid = exc
         else:
-            # Parsing and validating in one step takes a third of the time; the outcome is the same.
+            # Parsing and validating in one step takes a third of the time of json.loads and then validating.
             self._check_token(request.token)
             return request
+        # Parsed again only to tell a bad token from a bad request; a request that runs is always
+        # what the step above made of the line (json.loads takes more, e.g. lone surrogates, which
+        # no MCP client can send on).
         try:
             data = json.loads(line)
         except (ValueError, UnicodeDecodeError):
@@ -478,19 +588,12 @@ class ToolServer:
         fields: dict[str, Any] = data  # pyright: ignore[reportUnknownVariableType]
         self._check_token(fields.get("token"))
         seq = fields.get("seq")
-        try:
-            return ToolRequest.model_validate(fields)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'request'}: {err['msg']}" for err in exc.errors()
-            )
-            raise _Reply(
-                _error(
-                    seq if isinstance(seq, int) else None,
-                    "bad_request",
-                    f"invalid tool-call request: {problems}",
-                )
-            ) from None
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'request'}: {err['msg']}" for err in invalid.errors()
+        )
+        raise _Reply(
+            _error(seq if isinstance(seq, int) else None, "bad_request", f"invalid tool-call request: {problems}")
+        )
 
     def _check_token(self, token: object) -> None:
         if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
@@ -512,21 +615,18 @@ class ToolServer:
                 "unknown_server",
                 f"no MCP server named {server!r} is registered with this executor (registered: {known})",
             )
-        live = await self._session(entry, request)
-        spec = live.tools.get(tool)
-        if spec is None:
-            # The server may have added the tool since it was listed.
-            live.tools = await self._list_tools(entry, live.session, request)
-            spec = live.tools.get(tool)
-        if spec is None:
-            known = ", ".join(repr(n) for n in sorted(live.tools)) or "none"
-            return _error(
-                request.seq,
-                "unknown_tool",
-                f"MCP server {server!r} has no tool named {tool!r} (its tools: {known})",
-            )
+        live = entry.live
+        if live is not None and live.usable:
+            # Connected already: an unknown tool is refused without asking the application.
+            spec = await self._find_tool(entry, live, request)
+        else:
+            # Not connected, and not to be before this call is approved: the gate gets the
+            # annotations of the server's last listing, if there was one.
+            spec = entry.tools.get(tool) if entry.tools is not None else None
         annotations = (
-            spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if spec.annotations else None
+            spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True)
+            if spec is not None and spec.annotations
+            else None
         )
         call = ToolCall(
             server_name=server,
@@ -540,10 +640,27 @@ class ToolServer:
         refused = await self._approve(call)
         if refused is not None:
             return refused
-        # Approval can take long; the session may have been reset or replaced meanwhile.
-        if not live.usable:
-            live = await self._session(entry, request)
+        # Started here if it is not running; or, approval having taken long, reset or replaced meanwhile.
+        live = await self._session(entry, request)
+        await self._find_tool(entry, live, request)
         return await self._call(entry, live, request)
+
+    async def _find_tool(self, entry: _Entry, live: _Session, request: ToolRequest) -> mcp_types.Tool:
+        spec = live.tools.get(request.tool)
+        if spec is None:
+            # The server may have added the tool since it was listed.
+            live.tools = entry.tools = await self._list_tools(entry, live.session, request)
+            spec = live.tools.get(request.tool)
+        if spec is None:
+            known = ", ".join(repr(n) for n in sorted(live.tools)) or "none"
+            raise _Reply(
+                _error(
+                    request.seq,
+                    "unknown_tool",
+                    f"MCP server {request.server!r} has no tool named {request.tool!r} (its tools: {known})",
+                )
+            )
+        return spec
 
     async def _approve(self, call: ToolCall) -> ToolErrorReply | None:
         """Run the gate; an error reply when the call must not be made."""
@@ -578,10 +695,18 @@ class ToolServer:
         refused = await self._approve(call)
         if refused is not None:
             return refused
+        name = f"{request.server}.{request.tool}"
         try:
             text = await handler(request.arguments)
         except IpyboxError as exc:
-            return _error(request.seq, "tool_error", f"{request.server}.{request.tool} failed: {exc}")
+            return _error(request.seq, "tool_error", f"{name} failed: {exc}")
+        except TimeoutError:
+            logger.warning("%s timed out on the host", name, exc_info=True)
+            return ToolErrorReply(seq=request.seq, error="timeout", message=f"{name} timed out on the host")
+        except OSError as exc:
+            logger.warning("%s failed on the host", name, exc_info=True)
+            why = exc.strerror or type(exc).__name__
+            return _error(request.seq, "tool_error", f"{name} failed on the host: {why}")
         return ToolResultReply(seq=request.seq, structured=None, text=text, content=[{"type": "text", "text": text}])
 
     async def _session(self, entry: _Entry, request: ToolRequest) -> _Session:
@@ -629,6 +754,7 @@ class ToolServer:
                     _error(request.seq, "server_start", f"cannot start MCP server {entry.name!r}: {exc}")
                 ) from None
             entry.live = live
+            entry.tools = live.tools
             return live
 
     async def _own_session(self, entry: _Entry, *, task_status: anyio.abc.TaskStatus[_Session]) -> None:
@@ -779,8 +905,33 @@ def _error(seq: int | None, kind: ErrorKind, message: str) -> ToolErrorReply:
     return ToolErrorReply(seq=seq, error=kind, message=message)
 
 
+def _encode(reply: ToolResultReply | ToolErrorReply) -> bytes:
+    return reply.model_dump_json(exclude_none=isinstance(reply, ToolErrorReply)).encode() + b"\n"
+
+
+def _nested_deeper_than(line: bytes, limit: int) -> bool:
+    """Whether the JSON in ``line`` nests arrays and objects deeper than ``limit``.
+
+    Checked before parsing, because the parsers recurse per level (json.loads runs out of stack),
+    and in C: brackets inside strings do not count. Exact for valid JSON; for invalid JSON it may
+    count deeper than a parser would get before failing, which only refuses a line that fails anyway.
+    """
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return False  # the common case: too few brackets to nest that deep
+    # Inside strings every backslash escapes the next byte: drop escaped backslashes, then escaped
+    # quotes, and the strings are what lies between plain quotes.
+    text = line.replace(b"\\\\", b"").replace(b'\\"', b"")
+    weights = _JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKETS).translate(_BRACKET_WEIGHTS)
+    depths = map(operator.sub, itertools.accumulate(weights), itertools.count(1))
+    return any(map(limit.__lt__, depths))
+
+
 class _LineTooLong(Exception):
     """A request line ran past the limit without a newline."""
+
+
+class _OverBudget(Exception):
+    """The bytes a connection received do not fit into the ToolServer's `MAX_BUFFERED_BYTES`."""
 
 
 class _LineConnection:
@@ -791,17 +942,21 @@ class _LineConnection:
     just as data arrives (as happens to every open connection when the ToolServer stops).
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, budget: _Budget) -> None:
         sock.setblocking(False)
         self._sock = sock
+        self._budget = budget
         self._buffer = bytearray()
         self._scanned = 0
+        self._unanswered = 0
+        """Bytes of lines handed out by `receive_line` that still count against the budget."""
 
     async def receive_line(self, limit: int) -> bytes:
-        """The next line without its newline.
+        """The next line without its newline; its bytes count against the budget until `answered`.
 
         Raises:
             _LineTooLong: More than ``limit`` bytes arrived without a newline.
+            _OverBudget: The bytes that arrived do not fit into the shared budget.
             EOFError: The peer closed the connection (or it broke) before a full line.
         """
         while True:
@@ -810,6 +965,7 @@ class _LineConnection:
                 line = bytes(self._buffer[:end])
                 del self._buffer[: end + 1]
                 self._scanned = 0
+                self._unanswered += end + 1
                 return line
             self._scanned = len(self._buffer)
             if len(self._buffer) > limit:
@@ -823,7 +979,15 @@ class _LineConnection:
                 raise EOFError from None
             if not data:
                 raise EOFError
+            # Checked after the read: a refused read (one chunk) is all that is ever held outside the budget.
+            if not self._budget.take(len(data)):
+                raise _OverBudget
             self._buffer += data
+
+    def answered(self) -> None:
+        """The lines handed out so far are answered: give their bytes back to the budget."""
+        self._budget.give(self._unanswered)
+        self._unanswered = 0
 
     async def wait_hangup(self) -> None:
         """Return once the peer has closed the connection (or it broke).
@@ -844,8 +1008,10 @@ class _LineConnection:
             await anyio.sleep_forever()
 
     async def send_reply(self, reply: ToolResultReply | ToolErrorReply) -> None:
+        await self.send(_encode(reply))
+
+    async def send(self, data: bytes) -> None:
         """Send one reply line; a peer that has gone away is ignored (it no longer waits for it)."""
-        data = reply.model_dump_json(exclude_none=isinstance(reply, ToolErrorReply)).encode() + b"\n"
         view = memoryview(data)
         while view:
             try:
@@ -859,6 +1025,9 @@ class _LineConnection:
 
     def close(self) -> None:
         self._sock.close()
+        self._budget.give(len(self._buffer) + self._unanswered)
+        self._buffer.clear()
+        self._unanswered = 0
 
 
 async def _accept_one(listener: socket.socket) -> socket.socket:

@@ -64,7 +64,7 @@ from ._exceptions import (
 from ._executor import CodeExecutor
 from ._kernel import Limits
 from ._mcp import HttpServer, StdioServer, describe_server, parse_server_params
-from ._mcp_config import ServerConfig, add_arguments, bearer_token, config_from_args
+from ._mcp_config import ServerConfig, add_arguments, bearer_token, check_exposure, config_from_args
 from ._results import CodeExecutionResult
 from ._sandbox import SandboxConfig
 from ._stubs import render_tool_stubs
@@ -241,7 +241,14 @@ class _Session:
                 raise  # to the request that started the session
             # Shutting down: one session's failure must not take the whole server down.
             logger.warning("ipybox session shut down with an error: %s", exc)
+        except Exception:
+            if not self.ready.is_set():
+                raise  # to the request that started the session
+            # A bug: it ends this session only. Raised on, it would end the task group every session runs in.
+            logger.exception("ipybox session failed; it was closed")
         finally:
+            # Requests waiting for a kernel hear that there will be none, instead of waiting for good.
+            self.closed.set()
             self._set_executor(None)
             shutil.rmtree(self.state_dir, ignore_errors=True)
             self.done.set()
@@ -748,11 +755,15 @@ async def serve(
         transport: ``"stdio"`` or ``"http"`` (streamable HTTP at ``/mcp``).
         host: HTTP: the address to listen on.
         port: HTTP: the port (0 picks a free one).
-        token: HTTP: require this bearer token.
+        token: HTTP: require this bearer token (required unless ``host`` is a loopback address).
+
+    Raises:
+        UsageError: HTTP on a non-loopback address without a token.
     """
     if transport == "stdio":
         await build_server(config).run_stdio_async()
         return
+    check_exposure(host, token)
     import uvicorn
 
     server = build_server(config, shared=True)
@@ -792,7 +803,13 @@ def run_parsed(args: argparse.Namespace) -> int:
         print(f"ipybox mcp: error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    anyio.run(lambda: serve(config, transport=args.transport, host=args.host, port=args.port, token=bearer_token(args)))
+    try:
+        anyio.run(
+            lambda: serve(config, transport=args.transport, host=args.host, port=args.port, token=bearer_token(args))
+        )
+    except UsageError as exc:
+        print(f"ipybox mcp: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -446,6 +446,59 @@ async def test_http_sessions_are_isolated_and_a_closed_session_leaves_no_kernel_
     await _assert_clean(server.tmp)
 
 
+# Kernel code that sends what once ended the tool server, and the executor and every HTTP session
+# with it: one line of deeply nested JSON (no token needed), then other garbage, each on its own connection.
+_GARBAGE = """
+import json, os, socket
+replies = []
+for line in [b"[" * 100_000 + b"\\n", b'{"a":' * 100_000 + b"\\n", b"\\xff\\x00 not json\\n", b"\\n"]:
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)
+        sock.connect(os.environ["IPYBOX_TOOL_SOCKET"])
+        sock.sendall(line)
+        replies.append(json.loads(sock.makefile("rb").readline())["error"])
+print(replies)
+"""
+
+
+async def test_one_sessions_kernel_attacking_its_tool_socket_leaves_both_sessions_working(tmp_path: Path) -> None:
+    async with _http_ipybox(tmp_path, "--approval", "auto") as server:
+        with anyio.fail_after(START_TIMEOUT * 2):
+            async with _http_client(server) as attacker, _http_client(server) as bystander:
+                assert _text(await _call(bystander, "execute_ipython_cell", code="x = 'kept'\nprint(x)")) == "kept\n"
+                test = stdio_server().model_dump(mode="json", exclude_none=True)
+                registered = await _call(attacker, "register_mcp_server", server_name="test", server_params=test)
+                assert not registered.is_error, _text(registered)
+
+                attacked = await _call(attacker, "execute_ipython_cell", code=_GARBAGE)
+                assert _text(attacked) == "['bad_request', 'bad_request', 'bad_request', 'bad_request']\n"
+
+                assert _text(await _call(bystander, "execute_ipython_cell", code="print(x)")) == "kept\n"
+                code = "from mcptools.test import add\nprint(add.run(add.Params(a=40, b=2)).result)"
+                called = await _call(attacker, "execute_ipython_cell", code=code)
+                assert _text(called) == "42\n", _text(called)
+    await _assert_clean(server.tmp)
+
+
+def test_http_beyond_loopback_without_a_token_is_refused_and_names_the_variable(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "IPYBOX_MCP_TOKEN"}
+    command = [sys.executable, "-m", "ipybox", "mcp", "--transport", "http", "--workspace", str(tmp_path)]
+    for host in ("0.0.0.0", "::", "192.0.2.1", "example.org"):
+        run = subprocess.run(
+            [*command, "--host", host, "--port", "0"], capture_output=True, text=True, cwd=REPO, env=env, timeout=60
+        )
+        assert run.returncode == 2, run.stderr
+        assert "IPYBOX_MCP_TOKEN" in run.stderr and "without a bearer token" in run.stderr, run.stderr
+
+
+def test_loopback_addresses_may_serve_http_without_a_token() -> None:
+    from ipybox._mcp_config import check_exposure
+
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
+        check_exposure(host, None)
+    check_exposure("0.0.0.0", "a-token")
+
+
 async def test_an_idle_kernel_is_shut_down_and_the_next_call_gets_a_fresh_one_with_the_same_servers(
     tmp_path: Path,
 ) -> None:

@@ -219,10 +219,14 @@ def _not_delete(request: ApprovalRequest) -> bool:
 @pytest.mark.parametrize(
     ("approval", "expected"),
     [
-        ("auto", {"lookup": True, "delete_item": True}),
-        (ApprovalRules(allow_read_only=True, otherwise="reject"), {"lookup": True, "delete_item": False}),
-        (ApprovalRules(allow=["test.*"], deny=["test.delete_*"]), {"lookup": True, "delete_item": False}),
-        (_not_delete, {"lookup": True, "delete_item": False}),
+        ("auto", {"add": True, "lookup": True, "delete_item": True}),
+        # Annotations are known once the server runs, and it is started only for an approved call (add).
+        (
+            ApprovalRules(allow=["test.add"], allow_read_only=True, otherwise="reject"),
+            {"add": True, "lookup": True, "delete_item": False},
+        ),
+        (ApprovalRules(allow=["test.*"], deny=["test.delete_*"]), {"add": True, "lookup": True, "delete_item": False}),
+        (_not_delete, {"add": True, "lookup": True, "delete_item": False}),
     ],
     ids=["auto", "read-only rule", "allow and deny globs", "sync callback"],
 )
@@ -232,7 +236,7 @@ async def test_approval_policies_decide_without_asking(
     code = (
         "from ipybox_kernel import ToolCallRejected, call_tool\n"
         "outcome = {}\n"
-        "for tool, args in [('lookup', {'key': 'k'}), ('delete_item', {'item_id': 'i'})]:\n"
+        "for tool, args in [('add', {'a': 1, 'b': 2}), ('lookup', {'key': 'k'}), ('delete_item', {'item_id': 'i'})]:\n"
         "    try:\n        call_tool('test', tool, args)\n        outcome[tool] = True\n"
         "    except ToolCallRejected:\n        outcome[tool] = False\n"
         "import json; print(json.dumps(outcome))"

@@ -99,18 +99,24 @@ async def test_tool_errors_and_unknown_names_raise_readable_errors_and_skip_the_
     assert gate.tools == ["fail", "create_order", "add"]
 
 
-async def test_the_gate_sees_the_real_command_line_or_url_and_the_tool_annotations(
+async def test_the_gate_sees_the_real_command_line_or_url_and_once_the_server_ran_the_tool_annotations(
     server_params: StdioServer | HttpServer,
 ) -> None:
     gate = RecordingGate()
     async with tool_channel({"test": server_params}, gate) as channel:
-        await channel.calls(("test", "lookup", {"key": "k"}), ("test", "delete_item", {"item_id": "7"}))
-    lookup, delete = gate.calls
+        await channel.calls(
+            ("test", "lookup", {"key": "k"}),
+            ("test", "lookup", {"key": "k"}),
+            ("test", "delete_item", {"item_id": "7"}),
+        )
+    first, lookup, delete = gate.calls
     if isinstance(server_params, StdioServer):
         expected = shlex.join([sys.executable, str(SERVER_SCRIPT), "--transport", "stdio"])
     else:
         expected = f"{server_params.type} {server_params.url}"
-    assert lookup.server == delete.server == expected
+    assert first.server == lookup.server == delete.server == expected
+    # The first call is approved before the server runs, so nothing is known of its tools yet.
+    assert first.annotations is None
     assert lookup.annotations == {"readOnlyHint": True}
     assert delete.annotations == {"readOnlyHint": False, "destructiveHint": True}
     assert (delete.server_name, delete.tool_name, delete.arguments) == (
@@ -120,6 +126,30 @@ async def test_the_gate_sees_the_real_command_line_or_url_and_the_tool_annotatio
     )
     assert delete.seq > lookup.seq
     assert delete.execution is None  # the stand-in kernel is not IPython
+
+
+async def test_after_a_reset_the_gate_still_sees_the_annotations_of_the_last_listing_and_no_server_runs() -> None:
+    gate = RecordingGate(deny={"lookup": "not now"})
+    async with tool_channel({"test": stdio_server()}, gate) as channel:
+        pid = (await channel.call("test", "pid"))["structured"]["result"]
+        await channel.tool_server.reset()
+        await wait_for_exit(pid)
+        rejected = await channel.call("test", "lookup", {"key": "k"})
+        assert channel.tool_server._entries["test"].live is None
+    assert rejected["error"] == "ToolCallRejected"
+    assert gate.calls[-1].annotations == {"readOnlyHint": True}
+
+
+async def test_an_unknown_tool_is_refused_once_its_server_runs_and_from_then_on_without_asking(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    gate = RecordingGate()
+    async with tool_channel({"test": stdio_server(started_file=started)}, gate) as channel:
+        first, again = await channel.calls(("test", "no_such_tool", {}), ("test", "no_such_tool", {}))
+    assert first["error"] == again["error"] == "ToolNotFound"
+    assert "'no_such_tool'" in first["message"] and "'greet'" in first["message"]
+    # Asked once: whether a tool exists is known only from a running server, started for an approved call.
+    assert gate.tools == ["no_such_tool"]
+    assert len(started.read_text().split()) == 1
 
 
 async def test_a_rejected_call_raises_tool_call_rejected_with_the_reason_and_never_runs(
@@ -283,9 +313,12 @@ async def test_the_everything_server_answers_through_the_tool_server() -> None:
         pytest.skip("node_modules is absent; run `npm ci` in the repository root")
     gate = RecordingGate()
     async with tool_channel({"everything": StdioServer(command=str(binary), args=("stdio",))}, gate) as channel:
-        outcome = await channel.call("everything", "get-sum", {"a": 2, "b": 40})
-    assert "42" in outcome["text"]
-    assert gate.calls[0].annotations is not None and gate.calls[0].annotations["readOnlyHint"] is True
+        first, second = await channel.calls(
+            ("everything", "get-sum", {"a": 2, "b": 40}), ("everything", "get-sum", {"a": 1, "b": 1})
+        )
+    assert "42" in first["text"] and "2" in second["text"]
+    assert gate.calls[0].annotations is None  # approved before the server was started
+    assert gate.calls[1].annotations is not None and gate.calls[1].annotations["readOnlyHint"] is True
 
 
 # -- security ------------------------------------------------------------------------------------

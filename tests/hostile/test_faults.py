@@ -275,8 +275,9 @@ async def test_stopping_the_executor_while_a_call_waits_for_approval_runs_nothin
     with pytest.raises(ExecutionCancelled):
         await execution
     assert not marker.exists()
-    # The server was started to look the tool up, and stopped with the executor.
-    await assert_nothing_left(dirs, [int(pid_file.read_text())])
+    # A server is started only for an approved call: this one never was.
+    assert not pid_file.exists()
+    await assert_nothing_left(dirs)
     # A new executor on the same workspace works.
     async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
         assert (await run(ex, "print('next')")).text == "next\n"

@@ -1,0 +1,372 @@
+"""Kernel code that attacks the tool channel itself: the unix socket to the host's ToolServer.
+
+Whatever arrives on the socket (nested JSON, garbage, floods of connections and bytes) must end in
+an error reply for that connection and bounded host memory, and the executor must keep running
+code and tool calls afterwards.
+"""
+
+# The tests measure and inject faults into the executor's ToolServer, which is private.
+# pyright: reportPrivateUsage=false
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import pytest
+from servers.fixtures import stdio_server
+
+from ipybox import ApprovalRules, CodeExecutionError, CodeExecutor
+from ipybox._channel import MAX_JSON_DEPTH, MAX_LINE_BYTES, MAX_REPLY_BYTES
+from ipybox._toolserver import MAX_BUFFERED_BYTES, MAX_CONNECTIONS, BuiltinTool
+
+from .conftest import processes_mentioning, run, wait_until_gone
+
+pytestmark = pytest.mark.anyio
+
+# Kernel code: helpers that talk to the tool socket directly, the way an attacker would.
+RAW_SOCKET = """
+import json, os, socket
+TOKEN = os.environ["IPYBOX_TOOL_TOKEN"]
+SOCKET = os.environ["IPYBOX_TOOL_SOCKET"]
+
+def exchange(*lines, timeout=60):
+    '''Send raw lines on one new connection; the replies (fewer if the host hangs up).'''
+    replies = []
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(timeout)
+        sock.connect(SOCKET)
+        reader = sock.makefile("rb")
+        for line in lines:
+            try:
+                sock.sendall(line)
+                reply = reader.readline()
+            except OSError:
+                break
+            if not reply:
+                break
+            replies.append(json.loads(reply))
+    return replies
+
+def request(server, tool, arguments, **extra):
+    fields = {"token": TOKEN, "seq": 1, "server": server, "tool": tool, "arguments": arguments, **extra}
+    return json.dumps(fields).encode() + b"\\n"
+"""
+
+
+async def exchange(executor: CodeExecutor, lines: str) -> list[dict[str, Any]]:
+    """The replies to raw lines (a Python expression evaluated in the kernel) sent on one connection."""
+    await run(executor, RAW_SOCKET)
+    result = await run(executor, f"print(json.dumps(exchange(*{lines})))", timeout=60)
+    return json.loads(result.text)
+
+
+async def still_works(executor: CodeExecutor) -> None:
+    """Code runs and a tool call reaches the MCP server, on the same executor."""
+    code = "from mcptools.test import add\nprint(add.run(add.Params(a=40, b=2)).result)"
+    result = await run(executor, code)
+    assert result.text == "42\n"
+
+
+async def test_one_line_of_deeply_nested_json_gets_an_error_naming_the_depth_limit_and_the_executor_keeps_working(
+    auto_executor: CodeExecutor,
+) -> None:
+    nested = "{'x': " + "[" * (MAX_JSON_DEPTH - 2) + "]" * (MAX_JSON_DEPTH - 2) + "}"
+    too_deep = "{'x': " + "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1) + "}"
+    lines = (
+        "[b'[' * 100_000 + b'\\n', b'{\"a\":' * 100_000 + b'\\n', "
+        f"request('nowhere', 'tool', {too_deep}), request('nowhere', 'tool', {nested})]"
+    )
+    brackets, objects, one_too_deep, at_the_limit = await exchange(auto_executor, lines)
+    for reply in (brackets, objects, one_too_deep):
+        assert reply["error"] == "bad_request", reply
+        assert f"nested deeper than {MAX_JSON_DEPTH} levels" in reply["message"], reply
+    # A request nested exactly to the limit is read, and refused only for naming no server.
+    assert at_the_limit["error"] == "unknown_server", at_the_limit
+    await still_works(auto_executor)
+
+
+async def test_garbage_on_the_tool_socket_gets_error_replies_and_the_tool_server_keeps_serving(
+    auto_executor: CodeExecutor,
+) -> None:
+    lines = (
+        "[b'\\x00\\xff\\xfe garbage\\n', b'\\n', b'\"' * 1000 + b'\\n', b'[' + b'\"[\",' * 10_000 + b'1]\\n', "
+        "b'9' * 100_000 + b'\\n', b'[1e999999, -1e999999, 1e-999999]\\n', "
+        # Arguments the host parses but no MCP client can encode (a lone surrogate).
+        "request('test', 'greet', {'name': '\\ud800'}), "
+        "request('test', 'greet', {'name': 'Ada'})]"
+    )
+    replies = await exchange(auto_executor, lines)
+    assert len(replies) == 8, replies
+    *garbage, surrogate, greeting = replies
+    # The many brackets inside strings do not count as nesting: that line is refused for being an array.
+    assert garbage[3]["message"] == "a tool-call request must be a JSON object", garbage
+    assert all(reply["ok"] is False for reply in garbage), garbage
+    assert surrogate["error"] == "bad_request" and "Invalid JSON" in surrogate["message"], surrogate
+    assert greeting["ok"] is True and greeting["text"] == "Hello, Ada!", greeting
+    await still_works(auto_executor)
+
+
+# -- host memory and connections -----------------------------------------------------------------
+
+# Each partial line stays just under the per-line limit, so only the shared budget can stop them.
+PARTIAL_LINE = MAX_LINE_BYTES - 1024 * 1024
+# What the host may hold beyond the budget: one read per connection over it, and allocator slack.
+RSS_SLACK = 48 * 1024 * 1024
+
+HOLD_PARTIAL_LINES = f"""
+import threading
+DATA = b"x" * {PARTIAL_LINE}
+held, refused = [], []
+
+def hold():
+    sock = socket.socket(socket.AF_UNIX)
+    sock.settimeout(60)
+    sock.connect(SOCKET)
+    try:
+        sock.sendall(DATA)  # no newline: a request line that never ends
+    except OSError:
+        refused.append(json.loads(sock.makefile("rb").readline()))
+        sock.close()
+    else:
+        held.append(sock)
+
+threads = [threading.Thread(target=hold) for _ in range({MAX_CONNECTIONS})]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+print(json.dumps([len(held), [reply["error"] for reply in refused]]))
+"""
+
+
+def host_rss() -> int:
+    """This process's resident memory in bytes: the ToolServer runs in it."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+async def test_many_connections_each_holding_a_large_partial_line_stay_within_the_shared_buffer_budget(
+    auto_executor: CodeExecutor,
+) -> None:
+    await run(auto_executor, RAW_SOCKET)
+    before = host_rss()
+    result = await run(auto_executor, HOLD_PARTIAL_LINES, timeout=120)
+    grown = host_rss() - before
+    held, refused = json.loads(result.text)
+    await run(auto_executor, "for sock in held:\n    sock.close()")
+    print(f"host RSS grew by {grown / 2**20:.1f} MiB while {held} connections held {PARTIAL_LINE} bytes each")
+    # Without the budget every connection would hold its line: MAX_CONNECTIONS * 15 MiB.
+    assert held * PARTIAL_LINE <= MAX_BUFFERED_BYTES, result.text
+    assert set(refused) == {"too_large"} and held + len(refused) == MAX_CONNECTIONS, result.text
+    assert grown < MAX_BUFFERED_BYTES + RSS_SLACK, f"host RSS grew by {grown} bytes"
+    await still_works(auto_executor)
+
+
+def host_sockets() -> int:
+    """How many sockets this process (and its ToolServer) has open."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the descriptor listdir itself used
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return count
+
+
+async def test_the_host_serves_at_most_max_connections_however_many_the_kernel_opens(workspace: Path) -> None:
+    active = peak = 0
+    full, release = anyio.Event(), anyio.Event()
+
+    async def hold(arguments: Mapping[str, Any]) -> str:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        if active == MAX_CONNECTIONS:
+            full.set()
+        try:
+            await release.wait()
+        finally:
+            active -= 1
+        return "held"
+
+    calls = 6 * MAX_CONNECTIONS
+    code = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from ipybox_kernel import call_tool\n"
+        f"with ThreadPoolExecutor({calls}) as pool:\n"
+        f"    texts = list(pool.map(lambda i: call_tool('probe', 'hold').text, range({calls})))\n"
+        "print(texts.count('held'))\n"
+    )
+    async with CodeExecutor(workspace=workspace, tools_dir=None, approval="auto") as ex:
+        assert ex._tools is not None
+        ex._tools.register_builtin("probe", "hold", hold)
+        before = host_sockets()
+        execution = ex.execute(code, timeout=120)
+        with anyio.fail_after(60):
+            await full.wait()
+        accepted = host_sockets() - before
+        release.set()
+        result = await execution
+    assert result.text == f"{calls}\n"
+    assert peak == MAX_CONNECTIONS
+    assert accepted <= MAX_CONNECTIONS
+
+
+# -- faults in one call --------------------------------------------------------------------------
+
+CATCH = (
+    "from ipybox_kernel import call_tool, ToolCallError\n"
+    "try:\n    call_tool({server!r}, {tool!r}, {args!r}); print('returned')\n"
+    "except ToolCallError as e:\n    print(type(e).__name__, '|', e)\n"
+)
+
+
+async def raise_timeout(arguments: Mapping[str, Any]) -> str:
+    with anyio.fail_after(0.01):
+        await anyio.sleep_forever()
+    return "unreachable"
+
+
+async def raise_os_error(arguments: Mapping[str, Any]) -> str:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/host/secret/path")
+
+
+async def raise_unexpected(arguments: Mapping[str, Any]) -> str:
+    raise KeyError("host secret")
+
+
+async def raise_group(arguments: Mapping[str, Any]) -> str:
+    async with anyio.create_task_group():
+        raise ValueError("host secret")
+    return "unreachable"
+
+
+async def return_no_text(arguments: Mapping[str, Any]) -> str:
+    return cast("str", 42)
+
+
+# Each fault, and the start of the error the kernel code gets for it.
+FAULTS: dict[str, tuple[BuiltinTool, str]] = {
+    "timeout": (raise_timeout, "ToolCallTimeout | faults.timeout timed out on the host"),
+    "os_error": (raise_os_error, "ToolExecutionError | faults.os_error failed on the host: No space left"),
+    "unexpected": (raise_unexpected, "ToolCallError | the call to tool 'unexpected' of 'faults' failed on the host"),
+    "group": (raise_group, "ToolCallError | the call to tool 'group' of 'faults' failed on the host"),
+    "no_text": (return_no_text, "ToolCallError | the call to tool 'no_text' of 'faults' failed on the host"),
+}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+async def test_a_fault_in_a_built_in_tool_is_that_calls_error_and_the_executor_keeps_working(
+    auto_executor: CodeExecutor, fault: str
+) -> None:
+    handler, expected = FAULTS[fault]
+    assert auto_executor._tools is not None
+    auto_executor._tools.register_builtin("faults", fault, handler)
+    result = await run(auto_executor, CATCH.format(server="faults", tool=fault, args={}))
+    assert result.text.startswith(expected), result.text
+    assert "secret" not in result.text
+    await still_works(auto_executor)
+
+
+async def test_a_reply_over_the_limit_is_that_calls_error_and_the_executor_keeps_working(
+    auto_executor: CodeExecutor,
+) -> None:
+    tools = auto_executor._tools
+    assert tools is not None
+    limit = 1024 * 1024
+
+    async def huge(arguments: Mapping[str, Any]) -> str:
+        return "x" * (2 * limit)
+
+    tools.register_builtin("faults", "huge", huge)
+    tools._max_reply_bytes = limit
+    try:
+        builtin = await run(auto_executor, CATCH.format(server="faults", tool="huge", args={}))
+        mcp = await run(auto_executor, CATCH.format(server="test", tool="greet", args={"name": "x" * limit}))
+    finally:
+        tools._max_reply_bytes = MAX_REPLY_BYTES
+    for result, tool in ((builtin, "'huge'"), (mcp, "'greet'")):
+        assert result.text.startswith("ToolCallError | the result of tool " + tool), result.text
+        assert f"the limit is {limit} bytes" in result.text
+    await still_works(auto_executor)
+
+
+async def test_a_kernel_that_drops_its_connection_mid_call_cancels_only_that_call(
+    auto_executor: CodeExecutor,
+) -> None:
+    entered, cancelled = anyio.Event(), anyio.Event()
+
+    async def hang(arguments: Mapping[str, Any]) -> str:
+        entered.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+        return "unreachable"
+
+    assert auto_executor._tools is not None
+    auto_executor._tools.register_builtin("faults", "hang", hang)
+    await run(auto_executor, RAW_SOCKET)
+    code = (
+        "sock = socket.socket(socket.AF_UNIX)\nsock.connect(SOCKET)\n"
+        "sock.sendall(request('faults', 'hang', {}))\n"
+        "try:\n    sock.recv(1)\nfinally:\n    sock.close()\n"
+    )
+    execution = auto_executor.execute(code)
+    with anyio.fail_after(30):
+        await entered.wait()
+        auto_executor.interrupt()  # the cell ends, and closes the connection as it goes
+        with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
+            await execution
+        await cancelled.wait()
+    await still_works(auto_executor)
+
+
+# -- servers start only for approved calls -------------------------------------------------------
+
+MARKED_CALL = (
+    "from ipybox_kernel import call_tool, ToolCallError\n"
+    "try:\n    print(call_tool('marked', {tool!r}, {args!r}).text)\n"
+    "except ToolCallError as e:\n    print(type(e).__name__)\n"
+)
+
+
+async def test_an_mcp_server_is_started_only_after_the_first_call_to_it_is_approved(
+    workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "started"
+    async with CodeExecutor(workspace=workspace, tools_dir=None, approval="ask") as ex:
+        ex.register_mcp_server("marked", stdio_server(started_file=marker))
+        rejected = await run(ex, MARKED_CALL.format(tool="greet", args={"name": "Ada"}), accept=False)
+        assert rejected.text == "ToolCallRejected\n"
+        assert not marker.exists()
+        assert processes_mentioning(str(marker)) == []
+        approved = await run(ex, MARKED_CALL.format(tool="greet", args={"name": "Ada"}))
+        assert approved.text == "Hello, Ada!\n"
+        (pid,) = map(int, marker.read_text().split())
+        assert processes_mentioning(str(marker)) == [pid]
+    await wait_until_gone(str(marker))
+
+
+async def test_a_read_only_tool_of_a_server_that_never_ran_is_not_approved_by_the_read_only_rule(
+    workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "started"
+    rules = ApprovalRules(allow=["marked.add"], allow_read_only=True, otherwise="reject")
+    lookup = MARKED_CALL.format(tool="lookup", args={"key": "k"})
+    async with CodeExecutor(workspace=workspace, tools_dir=None, approval=rules) as ex:
+        ex.register_mcp_server("marked", stdio_server(started_file=marker))
+        # Its annotations are unknown until the server runs, and unknown is not read-only.
+        assert (await run(ex, lookup)).text == "ToolCallRejected\n"
+        assert not marker.exists()
+        assert (await run(ex, MARKED_CALL.format(tool="add", args={"a": 1, "b": 2}))).text == "3\n"
+        # Now the server has listed its tools, and says lookup only reads.
+        assert (await run(ex, lookup)).text == "value of k\n"
+    await wait_until_gone(str(marker))
