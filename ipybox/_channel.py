@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = (
     "MAX_JSON_DEPTH",
+    "MAX_JSON_VALUES",
     "MAX_LINE_BYTES",
     "MAX_REPLY_BYTES",
     "ErrorKind",
@@ -39,12 +40,15 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 # Far deeper than any tool's arguments; shallow enough that the host's recursive walks over a request
 # (json, pydantic, the approval's read-only copy) stay far from Python's recursion limit.
 MAX_JSON_DEPTH = 64
+# Arrays, objects and list items a request may hold: each becomes a Python object of 30-60 bytes on
+# the host, so this bounds what parsing one request can take (~64 MB) whatever its line length.
+MAX_JSON_VALUES = 1_000_000
 # Room for results of several MB (their text is sent twice: as text and as a content item), small
 # enough that a server's runaway result fails as that call's error instead of filling the kernel.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 ErrorKind = Literal[
-    "bad_request",  # not JSON, nested deeper than MAX_JSON_DEPTH, or not a valid request (fields, types)
+    "bad_request",  # not JSON, deeper than MAX_JSON_DEPTH, MAX_JSON_VALUES or more values, or not a valid request (fields, types)
     # A request line over MAX_LINE_BYTES, or past the host's budget for unanswered requests (the
     # connection is then closed); or a reply over MAX_REPLY_BYTES (the connection keeps serving).
     "too_large",

@@ -51,6 +51,7 @@ from pydantic import ValidationError
 
 from ._channel import (
     MAX_JSON_DEPTH,
+    MAX_JSON_VALUES,
     MAX_LINE_BYTES,
     MAX_REPLY_BYTES,
     ErrorKind,
@@ -97,6 +98,9 @@ _OVER_BUDGET = (
     "kernel, and this one did not fit; make fewer large calls at once, or pass large data as a file"
 )
 _TOO_DEEP = f"the tool-call request is nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects"
+_TOO_MANY_VALUES = (
+    f"the tool-call request holds {MAX_JSON_VALUES} or more JSON values; pass large data as a file in the workspace"
+)
 # A JSON string, its escaped backslashes and quotes removed first, and unterminated ones to the end
 # of the line: it always matches once it has started, which keeps the scan linear.
 _JSON_STRING = re.compile(rb'"[^"]*"?')
@@ -566,8 +570,9 @@ class ToolServer:
         return data
 
     def _parse(self, line: bytes) -> ToolRequest:
-        if _nested_deeper_than(line, MAX_JSON_DEPTH):
-            raise _Reply(_error(None, "bad_request", _TOO_DEEP))
+        problem = _shape_problem(line, MAX_JSON_DEPTH, MAX_JSON_VALUES)
+        if problem is not None:
+            raise _Reply(_error(None, "bad_request", problem))
         try:
             request = ToolRequest.model_validate_json(line)
         except ValidationError as exc:
@@ -909,21 +914,26 @@ def _encode(reply: ToolResultReply | ToolErrorReply) -> bytes:
     return reply.model_dump_json(exclude_none=isinstance(reply, ToolErrorReply)).encode() + b"\n"
 
 
-def _nested_deeper_than(line: bytes, limit: int) -> bool:
-    """Whether the JSON in ``line`` nests arrays and objects deeper than ``limit``.
+def _shape_problem(line: bytes, depth: int, values: int) -> str | None:
+    """Why the JSON in ``line`` is refused before parsing, or None.
 
-    Checked before parsing, because the parsers recurse per level (json.loads runs out of stack),
-    and in C: brackets inside strings do not count. Exact for valid JSON; for invalid JSON it may
-    count deeper than a parser would get before failing, which only refuses a line that fails anyway.
+    Parsers recurse per level of arrays and objects (json.loads runs out of stack), and every value
+    becomes a Python object several times its size in the line (a 16 MiB line of ``[],`` parsed into
+    428 MiB). Brackets and commas inside strings do not count; it runs in C. Exact for valid JSON;
+    for invalid JSON it may count more than a parser would get to before failing, which only refuses
+    a line that fails anyway.
     """
-    if line.count(b"[") + line.count(b"{") <= limit:
-        return False  # the common case: too few brackets to nest that deep
+    brackets = line.count(b"[") + line.count(b"{")
+    if brackets <= depth and brackets + line.count(b",") < values:
+        return None  # the common case: too few brackets and commas to matter
     # Inside strings every backslash escapes the next byte: drop escaped backslashes, then escaped
     # quotes, and the strings are what lies between plain quotes.
-    text = line.replace(b"\\\\", b"").replace(b'\\"', b"")
-    weights = _JSON_STRING.sub(b"", text).translate(None, _NOT_BRACKETS).translate(_BRACKET_WEIGHTS)
-    depths = map(operator.sub, itertools.accumulate(weights), itertools.count(1))
-    return any(map(limit.__lt__, depths))
+    text = _JSON_STRING.sub(b"", line.replace(b"\\\\", b"").replace(b'\\"', b""))
+    if text.count(b",") + text.count(b"[") + text.count(b"{") >= values:
+        return _TOO_MANY_VALUES
+    weights = text.translate(None, _NOT_BRACKETS).translate(_BRACKET_WEIGHTS)
+    levels = map(operator.sub, itertools.accumulate(weights), itertools.count(1))
+    return _TOO_DEEP if any(map(depth.__lt__, levels)) else None
 
 
 class _LineTooLong(Exception):
