@@ -18,7 +18,7 @@ import pytest
 from ipybox import CodeExecutor, KernelStartError, StdioServer, UsageError, generate_mcp_sources
 from ipybox._manifest import manifest_lock, save_manifest_entry
 
-from .conftest import plain_server
+from .conftest import plain_server, run
 
 pytestmark = pytest.mark.anyio
 
@@ -169,3 +169,42 @@ async def test_a_server_manifest_that_is_not_a_private_file_of_the_host_is_refus
             pass
     assert "/mcptools/.ipybox" in str(info.value) and "generate the server packages again" in str(info.value)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("shape", ["modules", "packages"])
+async def test_modules_planted_in_the_workspace_shadow_neither_the_tools_nor_their_imports_nor_the_kernel_launcher(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    monkeypatch.chdir(workspace)
+    await generate_mcp_sources("test", plain_server(), "mcptools")
+    plant = (
+        "import os\n"
+        "def plant(name):\n"
+        f"    path = f'{{name}}/__init__.py' if {shape == 'packages'} else f'{{name}}.py'\n"
+        "    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)\n"
+        "    open(path, 'w').write(f'open(\"shadowed-{name}\", \"w\").close()\\n')\n"
+        # A package named like the tools directory cannot be made: the real one is mounted there.
+        "open('mcptools.py', 'w').write('open(\"shadowed-mcptools\", \"w\").close()\\n')\n"
+        "for name in ('pydantic', 'ipybox_kernel', 'argparse'):\n"
+        "    plant(name)\n"
+        "open('mymodule.py', 'w').write('VALUE = \"mine\"\\n')"
+    )
+    async with CodeExecutor(approval="auto") as ex:
+        await run(ex, plant)
+    # A tools directory generated before ipybox made it a regular package: a namespace package
+    # loses to any plain module of the same name further down sys.path.
+    (workspace / "mcptools" / "__init__.py").unlink(missing_ok=True)
+    code = (
+        "import argparse, ipybox_kernel, mcptools, pydantic, mymodule\n"
+        "from mcptools.test import greet\n"
+        "print(greet.run(greet.Params(name='x')))\n"
+        "print(mymodule.VALUE)\n"
+        "import os\n"
+        "modules = (argparse, ipybox_kernel, mcptools, pydantic)\n"
+        "print([m.__name__ for m in modules if m.__file__.startswith(os.getcwd())])"
+    )
+    async with CodeExecutor(approval="auto") as ex:
+        result = await run(ex, code)
+    assert sorted(p.name for p in workspace.glob("shadowed-*")) == []
+    assert result.text == "Hello, x!\nmine\n[]\n"
+    assert (workspace / "mcptools" / "__init__.py").is_file()
