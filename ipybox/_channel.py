@@ -48,7 +48,8 @@ MAX_JSON_VALUES = 1_000_000
 MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 ErrorKind = Literal[
-    "bad_request",  # not JSON, deeper than MAX_JSON_DEPTH, MAX_JSON_VALUES or more values, or not a valid request (fields, types)
+    # Not JSON, deeper than MAX_JSON_DEPTH, MAX_JSON_VALUES or more values, or not a valid request.
+    "bad_request",
     # A request line over MAX_LINE_BYTES, or past the host's budget for unanswered requests (the
     # connection is then closed); or a reply over MAX_REPLY_BYTES (the connection keeps serving).
     "too_large",

@@ -56,6 +56,7 @@ from ._mcp import HttpServer, StdioServer
 from ._packages import install_package
 from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
 from ._sandbox import SandboxConfig, resolve_sandbox
+from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver import ToolCall, ToolCallDenied, ToolServer
 from ._workspace import read_file, write_file
 
@@ -73,6 +74,8 @@ _PASSED_ENV = ("LANG", "LC_ALL", "TZ")
 BUILTIN_SERVER = "ipybox"
 # Marker the kernel uses to report output it dropped at the source (see ipybox_kernel._launch).
 _TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
+# The executor's private directory that holds only a link to the tools directory, for PYTHONPATH.
+_IMPORT_ROOT = "imports"
 
 
 class CodeExecutor:
@@ -100,6 +103,10 @@ class CodeExecutor:
         tools_dir: Where `generate_mcp_sources` wrote the typed tool packages (default
             ``mcptools``). Mounted read-only into the sandbox and importable by the kernel
             (``from mcptools.<server> import <tool>``); the servers it lists are registered.
+            Created if it is missing inside the workspace (so kernel code cannot create it). It
+            must be a directory of your own that others cannot write, and neither it nor a
+            directory on its way from the workspace may be a symlink: `__aenter__` raises
+            `UsageError` otherwise.
         approval: How tool calls from the kernel are approved: ``"ask"`` (each one becomes an
             `ApprovalRequest` event of the execution, answered by the application), ``"auto"``,
             `ApprovalRules`, or a callback that receives the `ApprovalRequest`.
@@ -131,15 +138,19 @@ class CodeExecutor:
         _check_timeout(approval_timeout)
         _check_timeout(tool_timeout)
         check_approval(approval)
-        self.tools_dir = Path(tools_dir).resolve() if tools_dir is not None else None
-        if self.tools_dir is not None and self.tools_dir.exists() and not self.tools_dir.is_dir():
-            raise UsageError(f"tools_dir {str(tools_dir)!r} is not a directory")
-        if self.tools_dir is not None and self.tools_dir.parent == self.workspace.parent == self.workspace:
-            raise UsageError("tools_dir cannot be the filesystem root")
+        self.sandbox = resolve_sandbox(sandbox)
+        # As given (made absolute, not resolved): every start checks it again for planted symlinks.
+        self._tools_given = Path(os.path.join(os.getcwd(), tools_dir)) if tools_dir is not None else None
+        self.tools_dir: Path | None = None
+        if self._tools_given is not None:
+            self.tools_dir = tools_dir_path(self._tools_given, kernel_writable=self._kernel_writable())
+            if self.tools_dir.exists() and not self.tools_dir.is_dir():
+                raise UsageError(f"tools_dir {str(tools_dir)!r} is not a directory")
+            if self.tools_dir.parent == self.tools_dir:
+                raise UsageError("tools_dir cannot be the filesystem root")
         self.approval: Approval = approval
         self.approval_timeout = approval_timeout
         self.tool_timeout = tool_timeout
-        self.sandbox = resolve_sandbox(sandbox)
         self.limits = limits or Limits()
         self.timeout = timeout
         self._env = dict(env or {})
@@ -189,10 +200,8 @@ class CodeExecutor:
             call_timeout=self.tool_timeout,
         )
         self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
-        if self.tools_dir is not None and self.tools_dir.is_dir():
-            # Exists before the kernel starts, so it is hidden even when sources are generated
-            # (and the manifest written) while the kernel runs: the mount is live.
-            (self.tools_dir / MANIFEST_DIR).mkdir(mode=0o700, exist_ok=True)
+        self._prepare_tools_dir()
+        if self.tools_dir is not None:
             for name, params in load_manifest(self.tools_dir).items():
                 self._tools.register(name, params)
         self._tg = await stack.enter_async_context(anyio.create_task_group())
@@ -209,6 +218,44 @@ class CodeExecutor:
             # it is not passed into the task group (which would wrap it in an ExceptionGroup).
             await stack.aclose()
 
+    def _kernel_writable(self) -> list[Path]:
+        """Host directories kernel code can write to (where it could plant symlinks)."""
+        extra = [Path(p) for p in self.sandbox.rw_paths] if self.sandbox is not None else []
+        return [self.workspace, *extra]
+
+    def _prepare_tools_dir(self) -> None:
+        """Check the tools directory before a kernel starts (creating it where the kernel could),
+        and link it into the kernel's import root.
+
+        A missing one inside the workspace is created, so that the sandbox mounts it read-only:
+        the kernel would otherwise create it, manifest included, for the next executor to trust.
+        Its manifest directory too, so that it is hidden even when sources are generated while
+        the kernel runs (the mount is live). Checked at every start: a symlink planted since would
+        redirect the mount and the host's writes.
+
+        Raises:
+            UsageError: The tools directory cannot be trusted; the message names the fix.
+        """
+        if self._tools_given is None:
+            return
+        assert self._home is not None
+        writable = self._kernel_writable()
+        real = tools_dir_path(self._tools_given, kernel_writable=writable)
+        reachable = any(real.is_relative_to(os.path.realpath(w)) for w in writable)
+        if reachable or os.path.lexists(real):
+            real = prepare_tools_dir(self._tools_given, kernel_writable=writable)
+        # else: out of the kernel's reach, and nothing to mount until sources are generated there.
+        self.tools_dir = real
+        # The kernel imports the tools package from a directory holding nothing else, not from the
+        # tools directory's parent: that is often the workspace, where kernel code can plant a
+        # ``pydantic.py`` that would then shadow what generated modules import.
+        imports = self._home / _IMPORT_ROOT
+        imports.mkdir(mode=0o700, exist_ok=True)
+        link = imports / real.name
+        if not link.is_symlink() or os.readlink(link) != str(real):
+            link.unlink(missing_ok=True)
+            link.symlink_to(real, target_is_directory=True)
+
     def _kernel_env(self) -> dict[str, str]:
         env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
         env.setdefault("LANG", "C.UTF-8")
@@ -222,9 +269,11 @@ class CodeExecutor:
             }
         )
         assert self._home is not None
+        # Host-owned directories only: the workspace is appended to the end of sys.path by the
+        # kernel's launcher, so nothing planted there shadows the tools or installed packages.
         paths = [str(self._home / "packages")]
         if self.tools_dir is not None:
-            paths.insert(0, str(self.tools_dir.parent))
+            paths.insert(0, str(self._home / _IMPORT_ROOT))
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env["IPYBOX_TOOL_SOCKET"] = str(self._home / "tools.sock")
         env["IPYBOX_TOOL_TOKEN"] = self._token
@@ -241,8 +290,11 @@ class CodeExecutor:
         if self.sandbox is None:
             return None
         assert self._home is not None
-        # The socket and the packages are host-owned: the kernel may use them, not change them.
+        # The socket, the packages and the import root are host-owned: the kernel may use them, not
+        # change them.
         extra = [self._home / "tools.sock", self._home / "packages"]
+        if self.tools_dir is not None:
+            extra.append(self._home / _IMPORT_ROOT)
         return dataclasses.replace(self.sandbox, ro_paths=[*self.sandbox.ro_paths, *extra])
 
     def _mounted_tools_dir(self) -> Path | None:
@@ -262,6 +314,8 @@ class CodeExecutor:
             self._restart = anyio.Event()
             try:
                 self._restore_home()
+                if started:
+                    self._recheck_tools_dir()
                 async with Kernel.start(
                     python=default_python(),
                     env=self._kernel_env(),
@@ -323,6 +377,17 @@ class CodeExecutor:
                 f"the executor's private directory {str(home)!r} (tool socket, packages) was deleted and "
                 f"cannot be recreated ({exc}); free the cause, or start a new CodeExecutor"
             ) from exc
+
+    def _recheck_tools_dir(self) -> None:
+        """`_prepare_tools_dir` before a restart, where a failure is a start error of that kernel.
+
+        Raises:
+            KernelStartError: The tools directory can no longer be trusted.
+        """
+        try:
+            self._prepare_tools_dir()
+        except (OSError, UsageError) as exc:
+            raise KernelStartError(f"the tools directory cannot be used any more: {exc}") from exc
 
     def _set_kernel(self, kernel: Kernel | None) -> None:
         if kernel is self._kernel:

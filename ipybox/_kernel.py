@@ -650,4 +650,10 @@ def _close_fd(fd: int | None) -> None:
 
 
 def default_python() -> list[str]:
-    return [sys.executable]
+    """The kernel's interpreter command line.
+
+    ``-P``: ``python -m`` would put the working directory (the workspace, which kernel code writes)
+    first on ``sys.path``, so a planted ``ipybox_kernel.py`` or ``argparse.py`` would run as the
+    launcher. The launcher appends the workspace at the end of ``sys.path`` instead.
+    """
+    return [sys.executable, "-P"]

@@ -128,11 +128,25 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.flush()
         os._exit(1)
     del sys.modules["debugpy"]
+    _workspace_last()
     if ours.ready_fd is not None:
         os.write(ours.ready_fd, b"1")
         # User code has no business with the host's end of start-up.
         os.close(ours.ready_fd)
     app.start()
+
+
+def _workspace_last() -> None:
+    """Make modules in the working directory (the workspace) importable, after everything else.
+
+    The host starts the kernel with ``python -P`` so that nothing in the workspace, which kernel code
+    can write, shadows the launcher; IPython then adds no working-directory entry either. Appended
+    last, a ``pydantic.py`` or ``mcptools.py`` planted there cannot shadow installed packages, the
+    tools package or ``ipybox_kernel`` in a later kernel, and ``import mymodule`` still works.
+    """
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", cwd)]
+    sys.path.append("")
 
 
 def _initialize(app: Any, rest: list[str], output: int | None) -> None:

@@ -23,7 +23,7 @@ import pytest
 from servers.fixtures import stdio_server
 
 from ipybox import ApprovalRules, CodeExecutionError, CodeExecutor
-from ipybox._channel import MAX_JSON_DEPTH, MAX_LINE_BYTES, MAX_REPLY_BYTES
+from ipybox._channel import MAX_JSON_DEPTH, MAX_JSON_VALUES, MAX_LINE_BYTES, MAX_REPLY_BYTES
 from ipybox._toolserver import MAX_BUFFERED_BYTES, MAX_CONNECTIONS, BuiltinTool
 
 from .conftest import processes_mentioning, run, wait_until_gone
@@ -89,6 +89,19 @@ async def test_one_line_of_deeply_nested_json_gets_an_error_naming_the_depth_lim
         assert f"nested deeper than {MAX_JSON_DEPTH} levels" in reply["message"], reply
     # A request nested exactly to the limit is read, and refused only for naming no server.
     assert at_the_limit["error"] == "unknown_server", at_the_limit
+    await still_works(auto_executor)
+
+
+async def test_a_request_of_a_million_small_values_is_refused_before_it_is_parsed(auto_executor: CodeExecutor) -> None:
+    # 3 MB of "[]," parsed into ~64 MB of Python lists; the 16 MiB line limit allowed ~430 MB. Commas and
+    # brackets inside strings do not count, so a long string of them is read.
+    lines = (
+        f"[request('nowhere', 'tool', {{'x': [[]] * {MAX_JSON_VALUES}}}), "
+        f"request('nowhere', 'tool', {{'x': '[],' * {MAX_JSON_VALUES}}})]"
+    )
+    many, in_a_string = await exchange(auto_executor, lines)
+    assert many["error"] == "bad_request" and f"{MAX_JSON_VALUES} or more JSON values" in many["message"], many
+    assert in_a_string["error"] == "unknown_server", in_a_string
     await still_works(auto_executor)
 
 
