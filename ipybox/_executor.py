@@ -71,6 +71,12 @@ START_TIMEOUT = 30.0
 _PASSED_ENV = ("LANG", "LC_ALL", "TZ")
 # The tool server's name for ipybox's own tools (package installs from kernel code).
 BUILTIN_SERVER = "ipybox"
+# Why a tool call from code that outlived its execution is refused.
+_STRAY_CALL = (
+    "this tool call comes from code left running after the code action that started it ended (a "
+    "thread or task it did not wait for); tool calls are only allowed from the code action that is "
+    "running: join such threads or await such tasks before the code action ends"
+)
 # Marker the kernel uses to report output it dropped at the source (see ipybox_kernel._launch).
 _TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
 
@@ -154,6 +160,8 @@ class CodeExecutor:
         self._start_error_reported = False
         self._by_key: dict[str, Execution] = {}
         self._current: Execution | None = None
+        # The kernel's id for the running execution, which its tool calls must carry.
+        self._current_msg_id: str | None = None
         self._home: Path | None = None
         self._tools: ToolServer | None = None
         self._token = secrets.token_urlsafe(32)
@@ -439,13 +447,13 @@ class CodeExecutor:
             execution._fail(ExecutionCancelled("the execution was cancelled"))
 
     async def _run(self, kernel: Kernel, execution: Execution) -> None:
-        self._current = execution
+        self._current, self._current_msg_id = execution, kernel.new_msg_id()
         try:
-            await self._run_current(kernel, execution)
+            await self._run_current(kernel, execution, self._current_msg_id)
         finally:
-            self._current = None
+            self._current = self._current_msg_id = None
 
-    async def _run_current(self, kernel: Kernel, execution: Execution) -> None:
+    async def _run_current(self, kernel: Kernel, execution: Execution, msg_id: str) -> None:
         collector = _Collector(self.workspace, execution, self.limits.output_chars)
         finished = anyio.Event()
         error: IpyboxError | None = None
@@ -454,7 +462,7 @@ class CodeExecutor:
         async def consume() -> None:
             nonlocal error
             try:
-                async for event in kernel.execute(execution.code):
+                async for event in kernel.execute(execution.code, msg_id=msg_id):
                     collector.add(event)
             except KernelDied as exc:
                 error = exc
@@ -537,10 +545,10 @@ class CodeExecutor:
 
     async def _gate(self, call: ToolCall) -> None:
         execution = self._current
-        if execution is None:
-            raise ToolCallDenied(
-                "tool calls are only allowed while a code action runs, not from code left running after it"
-            )
+        # A thread or task keeps the id of the execution that started it (ipybox_kernel._context):
+        # a call from one that outlived its execution must not be shown as the running one's.
+        if execution is None or call.execution is None or call.execution != self._current_msg_id:
+            raise ToolCallDenied(_STRAY_CALL)
         request = execution._new_request(
             server_name=call.server_name,
             tool_name=call.tool_name,

@@ -182,8 +182,12 @@ class Kernel:
         self.exit_code: int | None = None
         self.exited = anyio.Event()
 
-    def _msg(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
-        return self._session.msg(msg_type, content)  # pyright: ignore[reportUnknownMemberType]
+    def _msg(self, msg_type: str, content: dict[str, Any], *, msg_id: str | None = None) -> dict[str, Any]:
+        header = None
+        if msg_id is not None:
+            header = self._session.msg_header(msg_type)
+            header["msg_id"] = msg_id
+        return self._session.msg(msg_type, content, header=header)  # pyright: ignore[reportUnknownMemberType]
 
     @property
     def pid(self) -> int:
@@ -349,8 +353,17 @@ class Kernel:
         if not self.exited.is_set():
             self._send("control", self._msg("interrupt_request", {}))
 
-    async def execute(self, code: str) -> AsyncGenerator[KernelEvent]:
+    def new_msg_id(self) -> str:
+        """A fresh id for a request to this kernel (see `execute`)."""
+        return self._session.msg_id
+
+    async def execute(self, code: str, *, msg_id: str | None = None) -> AsyncGenerator[KernelEvent]:
         """Run code and yield its events until the kernel is idle again.
+
+        Args:
+            code: The code.
+            msg_id: The request's id (default: a fresh one). The kernel gives it to the code as the
+                running cell's id, and sends it back with each tool call that code makes.
 
         Raises:
             KernelDied: The kernel exited before the execution completed.
@@ -365,6 +378,7 @@ class Kernel:
                 "allow_stdin": False,
                 "stop_on_error": False,
             },
+            msg_id=msg_id,
         )
         replied = idle = False
         async with self._request(msg, "shell") as messages:

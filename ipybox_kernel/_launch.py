@@ -144,9 +144,14 @@ def _initialize(app: Any, rest: list[str], output: int | None) -> None:
             "--IPythonKernel._execute_sleep=0",
         ]
     )
+    from ._context import announce_execution, carry_execution_context
     from ._stream import FdDrain  # imports ipykernel: only once main() has kept debugpy out
 
     app.shell.register_magic_function(_pip_magic, "line", "pip")
+    # Threads keep the cell that started them, so their output and tool calls are not taken for
+    # those of the cell that runs when they print or call.
+    carry_execution_context(app.kernel)
+    app.shell.events.register("pre_execute", lambda: announce_execution(app.kernel))
     # Before the output guard's report, which counts what the execution printed.
     app.shell.events.register("post_execute", FdDrain(sys.stdout, sys.stderr))
     if output is not None:
