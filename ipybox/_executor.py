@@ -41,6 +41,7 @@ from ._exceptions import (
 from ._execution import Execution
 from ._kernel import (
     Display,
+    Dropped,
     Error,
     Kernel,
     KernelEvent,
@@ -684,6 +685,9 @@ class _Collector:
                 self.error = event
             case Reply(execution_count=count):
                 self.execution_count = count
+            case Dropped(size=size):
+                # Dropped unread by the host, so counted in bytes as sent rather than in characters.
+                self.truncated += size
 
     def _save_images(self, data: Mapping[str, Any]) -> None:
         for mime, suffix in IMAGE_TYPES.items():
