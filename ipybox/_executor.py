@@ -58,7 +58,7 @@ from ._packages import install_package
 from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
 from ._sandbox import SandboxConfig, resolve_sandbox
 from ._toolserver import ToolCall, ToolCallDenied, ToolServer
-from ._workspace import read_file, write_file
+from ._workspace import copy_file, write_file
 
 __all__ = ("CodeExecutor",)
 
@@ -72,6 +72,9 @@ START_TIMEOUT = 30.0
 _PASSED_ENV = ("LANG", "LC_ALL", "TZ")
 # The tool server's name for ipybox's own tools (package installs from kernel code).
 BUILTIN_SERVER = "ipybox"
+# The default cap of `CodeExecutor.download`: a workspace file larger than this is more likely a
+# runaway or sparse file (made in an instant with os.truncate) than something to copy to the host.
+DOWNLOAD_LIMIT = 1024**3
 # Why a tool call from code that outlived its execution is refused.
 _STRAY_CALL = (
     "this tool call comes from code left running after the code action that started it ended (a "
@@ -576,14 +579,28 @@ class CodeExecutor:
         data = await anyio.Path(src).read_bytes()
         return await anyio.to_thread.run_sync(write_file, self.workspace, dst, data)
 
-    async def download(self, src: Path | str, dst: Path | str) -> Path:
+    async def download(self, src: Path | str, dst: Path | str, *, max_bytes: int | None = DOWNLOAD_LIMIT) -> Path:
         """Copy a workspace file (``src``, relative to the workspace) to a host path.
 
         Symlinks in the workspace are not followed: the kernel cannot make the host read files
-        outside it.
+        outside it. The file is copied in chunks, and ``dst`` is replaced only by a complete copy.
+
+        Args:
+            src: The file, relative to the workspace.
+            dst: Where to write it on the host.
+            max_bytes: The largest file to copy (None: no limit). The kernel can make a file of
+                any size in an instant, and grow it while it is copied; the cap holds either way.
+
+        Raises:
+            UsageError: ``src`` is not a regular file in the workspace, or has more than
+                ``max_bytes``.
         """
-        data = await anyio.to_thread.run_sync(read_file, self.workspace, src)
-        await anyio.Path(dst).write_bytes(data)
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"max_bytes must be a number of bytes (>= 0) or None, got {max_bytes!r}")
+        fix = "pass a larger max_bytes to download() (None for no limit) if you do want all of it"
+        await anyio.to_thread.run_sync(
+            functools.partial(copy_file, self.workspace, src, Path(dst), max_bytes=max_bytes, fix=fix)
+        )
         return Path(dst)
 
 

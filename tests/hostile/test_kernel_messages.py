@@ -12,6 +12,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from memory_support import reset_resident_peak, resident, resident_peak
 
 from ipybox import CodeExecutionError, CodeExecutor, KernelDied, Limits
 from ipybox._kernel import message_limit
@@ -28,28 +29,6 @@ OUTPUT_CHARS = 100_000
 HOST_MEMORY_GROWTH = 150 * 1024**2
 # A flood runs at the speed the host drains it; this bounds a host that stopped draining.
 FLOOD_DEADLINE = 120.0
-
-
-def host_memory() -> int:
-    """This process's resident memory in bytes now."""
-    return _status_kib("VmRSS") * 1024
-
-
-def host_memory_peak() -> int:
-    """This process's peak resident memory in bytes since `reset_host_memory_peak`."""
-    return _status_kib("VmHWM") * 1024
-
-
-def reset_host_memory_peak() -> None:
-    # Writing 5 resets the peak resident size to the current one (Linux 4.0 and later).
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {field} in /proc/self/status")
 
 
 def flood(*, size: int, count: int, extra_frames: int = 0) -> str:
@@ -96,11 +75,11 @@ async def test_gigabytes_of_forged_output_within_the_message_limit_leave_host_me
 ) -> None:
     size = message_limit(OUTPUT_CHARS) - 64 * 1024
     count = 4 * 1024**3 // size
-    reset_host_memory_peak()
-    before = host_memory()
+    reset_resident_peak()
+    before = resident()
     with anyio.fail_after(FLOOD_DEADLINE):
         result = await run(executor, flood(size=size, count=count))
-    assert host_memory_peak() - before < HOST_MEMORY_GROWTH
+    assert resident_peak() - before < HOST_MEMORY_GROWTH
     # What fits the output budget arrives; the rest is dropped unread and counted.
     assert result.text.startswith("x" * OUTPUT_CHARS)
     assert len(result.text) < 2 * OUTPUT_CHARS
@@ -112,11 +91,11 @@ async def test_a_forged_message_over_the_limit_stops_the_kernel_with_the_reason_
     executor: CodeExecutor,
 ) -> None:
     size = 50 * 1024**2
-    reset_host_memory_peak()
-    before = host_memory()
+    reset_resident_peak()
+    before = resident()
     with anyio.fail_after(FLOOD_DEADLINE), pytest.raises(KernelDied) as info:
         await run(executor, flood(size=size, count=20))
-    assert host_memory_peak() - before < HOST_MEMORY_GROWTH
+    assert resident_peak() - before < HOST_MEMORY_GROWTH
     assert info.value.reason is not None
     assert "larger than the host accepts" in info.value.reason and "Limits.output_chars" in info.value.reason
     await still_works(executor)
@@ -130,11 +109,11 @@ async def test_a_forged_message_over_the_limit_stops_the_kernel_with_the_reason_
 )
 async def test_a_forged_message_of_many_frames_leaves_host_memory_bounded(executor: CodeExecutor) -> None:
     size = 512 * 1024
-    reset_host_memory_peak()
-    before = host_memory()
+    reset_resident_peak()
+    before = resident()
     with anyio.fail_after(FLOOD_DEADLINE):
         await run(executor, flood(size=size, count=1, extra_frames=1200))
-    assert host_memory_peak() - before < HOST_MEMORY_GROWTH
+    assert resident_peak() - before < HOST_MEMORY_GROWTH
 
 
 async def test_an_exception_larger_than_a_message_may_be_arrives_trimmed(executor: CodeExecutor) -> None:
