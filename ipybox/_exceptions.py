@@ -86,14 +86,18 @@ class KernelDied(KernelError):
 
     Attributes:
         exit_code: The process's exit status (negative for a signal), when known.
+        reason: Why the host stopped the kernel, when it did (None: the kernel ended by itself).
     """
 
-    def __init__(self, exit_code: int | None) -> None:
+    def __init__(self, exit_code: int | None, *, reason: str | None = None) -> None:
         how = "" if exit_code is None else (f" (exit code {exit_code})" if exit_code >= 0 else "")
         if exit_code is not None and exit_code < 0:
             how = f" (killed by signal {-exit_code})"
+        if reason is not None:
+            how = f" (stopped by the host: {reason})"
         super().__init__(f"the kernel died{how}; its state is lost and the next execution starts a fresh kernel")
         self.exit_code = exit_code
+        self.reason = reason
 
 
 class ExecutionError(IpyboxError):

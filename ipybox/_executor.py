@@ -41,6 +41,7 @@ from ._exceptions import (
 from ._execution import Execution
 from ._kernel import (
     Display,
+    Dropped,
     Error,
     Kernel,
     KernelEvent,
@@ -58,7 +59,7 @@ from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Imag
 from ._sandbox import SandboxConfig, resolve_sandbox
 from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver import ToolCall, ToolCallDenied, ToolServer
-from ._workspace import read_file, write_file
+from ._workspace import copy_file, write_file
 
 __all__ = ("CodeExecutor",)
 
@@ -72,6 +73,15 @@ START_TIMEOUT = 30.0
 _PASSED_ENV = ("LANG", "LC_ALL", "TZ")
 # The tool server's name for ipybox's own tools (package installs from kernel code).
 BUILTIN_SERVER = "ipybox"
+# The default cap of `CodeExecutor.download`: a workspace file larger than this is more likely a
+# runaway or sparse file (made in an instant with os.truncate) than something to copy to the host.
+DOWNLOAD_LIMIT = 1024**3
+# Why a tool call from code that outlived its execution is refused.
+_STRAY_CALL = (
+    "this tool call comes from code left running after the code action that started it ended (a "
+    "thread or task it did not wait for); tool calls are only allowed from the code action that is "
+    "running: join such threads or await such tasks before the code action ends"
+)
 # Marker the kernel uses to report output it dropped at the source (see ipybox_kernel._launch).
 _TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
 # The executor's private directory that holds only a link to the tools directory, for PYTHONPATH.
@@ -165,6 +175,8 @@ class CodeExecutor:
         self._start_error_reported = False
         self._by_key: dict[str, Execution] = {}
         self._current: Execution | None = None
+        # The kernel's id for the running execution, which its tool calls must carry.
+        self._current_msg_id: str | None = None
         self._home: Path | None = None
         self._tools: ToolServer | None = None
         self._token = secrets.token_urlsafe(32)
@@ -504,13 +516,13 @@ class CodeExecutor:
             execution._fail(ExecutionCancelled("the execution was cancelled"))
 
     async def _run(self, kernel: Kernel, execution: Execution) -> None:
-        self._current = execution
+        self._current, self._current_msg_id = execution, kernel.new_msg_id()
         try:
-            await self._run_current(kernel, execution)
+            await self._run_current(kernel, execution, self._current_msg_id)
         finally:
-            self._current = None
+            self._current = self._current_msg_id = None
 
-    async def _run_current(self, kernel: Kernel, execution: Execution) -> None:
+    async def _run_current(self, kernel: Kernel, execution: Execution, msg_id: str) -> None:
         collector = _Collector(self.workspace, execution, self.limits.output_chars)
         finished = anyio.Event()
         error: IpyboxError | None = None
@@ -519,7 +531,7 @@ class CodeExecutor:
         async def consume() -> None:
             nonlocal error
             try:
-                async for event in kernel.execute(execution.code):
+                async for event in kernel.execute(execution.code, msg_id=msg_id):
                     collector.add(event)
             except KernelDied as exc:
                 error = exc
@@ -602,10 +614,10 @@ class CodeExecutor:
 
     async def _gate(self, call: ToolCall) -> None:
         execution = self._current
-        if execution is None:
-            raise ToolCallDenied(
-                "tool calls are only allowed while a code action runs, not from code left running after it"
-            )
+        # A thread or task keeps the id of the execution that started it (ipybox_kernel._context):
+        # a call from one that outlived its execution must not be shown as the running one's.
+        if execution is None or call.execution is None or call.execution != self._current_msg_id:
+            raise ToolCallDenied(_STRAY_CALL)
         request = execution._new_request(
             server_name=call.server_name,
             tool_name=call.tool_name,
@@ -632,14 +644,28 @@ class CodeExecutor:
         data = await anyio.Path(src).read_bytes()
         return await anyio.to_thread.run_sync(write_file, self.workspace, dst, data)
 
-    async def download(self, src: Path | str, dst: Path | str) -> Path:
+    async def download(self, src: Path | str, dst: Path | str, *, max_bytes: int | None = DOWNLOAD_LIMIT) -> Path:
         """Copy a workspace file (``src``, relative to the workspace) to a host path.
 
         Symlinks in the workspace are not followed: the kernel cannot make the host read files
-        outside it.
+        outside it. The file is copied in chunks, and ``dst`` is replaced only by a complete copy.
+
+        Args:
+            src: The file, relative to the workspace.
+            dst: Where to write it on the host.
+            max_bytes: The largest file to copy (None: no limit). The kernel can make a file of
+                any size in an instant, and grow it while it is copied; the cap holds either way.
+
+        Raises:
+            UsageError: ``src`` is not a regular file in the workspace, or has more than
+                ``max_bytes``.
         """
-        data = await anyio.to_thread.run_sync(read_file, self.workspace, src)
-        await anyio.Path(dst).write_bytes(data)
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"max_bytes must be a number of bytes (>= 0) or None, got {max_bytes!r}")
+        fix = "pass a larger max_bytes to download() (None for no limit) if you do want all of it"
+        await anyio.to_thread.run_sync(
+            functools.partial(copy_file, self.workspace, src, Path(dst), max_bytes=max_bytes, fix=fix)
+        )
         return Path(dst)
 
 
@@ -741,6 +767,9 @@ class _Collector:
                 self.error = event
             case Reply(execution_count=count):
                 self.execution_count = count
+            case Dropped(size=size):
+                # Dropped unread by the host, so counted in bytes as sent rather than in characters.
+                self.truncated += size
 
     def _save_images(self, data: Mapping[str, Any]) -> None:
         for mime, suffix in IMAGE_TYPES.items():

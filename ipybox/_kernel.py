@@ -11,6 +11,14 @@ socket may consume the signal; pyzmq's asyncio sockets lose a wake-up that way n
 here: a kernel_info reply sat in the shell socket while the reader waited forever). So each reader
 drains its socket until it is empty and ``EVENTS`` confirms it, and every send wakes the reader of
 that socket to drain again.
+
+Kernel code holds the kernel's key and sockets, so every message it sends is attacker-controlled;
+the host's memory stays bounded whatever arrives. Each frame is bounded by ZMQ (`message_limit`,
+derived from the output limit; a kernel that breaks it loses its connection and is killed), ZMQ
+queues few messages, each request's queue is bounded in messages and bytes, and output beyond an
+execution's byte budget is dropped before it is parsed. The kernel trims what legitimate code sends
+to fit (ipybox_kernel._launch). Not bounded: the number of frames in one message, which libzmq
+takes in whole before handing over the first (SECURITY.md).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import hashlib
 import hmac
 import importlib.util
 import json
+import math
 import os
 import re
 import secrets
@@ -38,9 +47,9 @@ from typing import Any, Literal, cast
 import anyio
 import anyio.abc
 import zmq
-from anyio.streams.memory import MemoryObjectSendStream
 from jupyter_client.connect import write_connection_file
 from jupyter_client.session import Session
+from zmq.utils.monitor import recv_monitor_message
 
 from ._cgroup import PidsCgroup
 from ._exceptions import KernelDied, KernelStartError
@@ -48,6 +57,7 @@ from ._sandbox import SandboxConfig, bwrap_argv, sandbox_filter_fd
 
 __all__ = (
     "Display",
+    "Dropped",
     "Error",
     "Kernel",
     "KernelEvent",
@@ -64,8 +74,26 @@ _READY_RETRY_MAX = 1.0
 _RECONNECT_MS = 5
 # Once the kernel has answered, the iopub subscription is at most moments away: retry that soon.
 _READY_RESEND = 0.01
-# Messages buffered per execution before the kernel reader waits for the consumer.
-_BUFFER = 256
+# Messages waiting for one request's consumer before the reader waits for it: by count (small
+# messages) and by bytes as received (large ones; a single message always fits).
+_QUEUE_MESSAGES = 1024
+_QUEUE_BYTES = 8 * 1024 * 1024
+# Complete messages ZMQ may hold for the host per socket before the kernel's side stops sending or
+# drops; each can be a message_limit() in size, so this bounds ZMQ's share of the host's memory.
+_RECEIVE_HWM = 8
+# ipykernel encodes JSON with ensure_ascii=False, so one character takes at most 6 bytes (a control
+# character escaped as \u001f).
+_JSON_BYTES_PER_CHAR = 6
+# Room in one message beyond its output: headers, metadata, field names, a trimmed traceback's markers.
+_MESSAGE_OVERHEAD = 256 * 1024
+# Frames in one Jupyter message the host reads: routing identities, the delimiter, five parts. Binary
+# buffers (widgets) are not read at all.
+_MAX_FRAMES = 16
+# ZMQ retries a connection whose peer went away after its reconnect interval (_RECONNECT_MS); one it
+# gave up for a protocol error sees no retry at all. This long without one, it was given up.
+_RETRY_VERDICT = 0.5
+# Header and parent header are a few hundred bytes; larger ones are not parsed.
+_MAX_HEADER_BYTES = 64 * 1024
 # A SIGKILLed process is reaped within milliseconds; this only bounds a pathological case.
 _KILL_WAIT = 5.0
 # Bytes of the kernel's raw stderr kept for error messages.
@@ -79,6 +107,10 @@ _SANDBOX_DEPTH = 4
 _Channel = Literal["shell", "iopub", "control"]
 # Where a sandboxed kernel binds its ZMQ sockets: inside its own size-capped /tmp.
 SANDBOX_SOCKET_DIR = "/tmp/.ipybox-kernel"
+# Output messages: counted against the execution's byte budget, and dropped beyond it.
+_OUTPUT_TYPES = frozenset({"stream", "display_data", "execute_result"})
+# Everything the host reads; other messages (execute_input, comms, ...) are dropped unparsed.
+_READ_TYPES = _OUTPUT_TYPES | {"error", "execute_reply", "status", "kernel_info_reply"}
 # Separates ZMQ routing identities from the signed parts of a Jupyter message.
 _DELIMITER = b"<IDS|MSG>"
 
@@ -135,7 +167,90 @@ class Reply:
     execution_count: int | None
 
 
-KernelEvent = Stream | Display | Error | Reply
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """Output the host dropped unread because the execution's messages exceeded their budget.
+
+    Attributes:
+        size: How much, in bytes as the kernel sent it (JSON).
+    """
+
+    size: int
+
+
+KernelEvent = Stream | Display | Error | Reply | Dropped
+
+
+def message_limit(output_chars: int) -> int:
+    """The largest message (each frame) the host takes from a kernel with this output limit, and
+    the bytes of output messages it takes per execution.
+
+    The kernel trims what it sends to fit (ipybox_kernel._launch: output, errors, echoed code);
+    past this, a message can only come from code that forged it.
+    """
+    return _JSON_BYTES_PER_CHAR * output_chars + _MESSAGE_OVERHEAD
+
+
+def limit_socket(socket: zmq.Socket[bytes], max_bytes: int) -> None:
+    """Bound what ZMQ holds for the host on this socket: a frame above ``max_bytes`` makes ZMQ give
+    the connection up (see `Kernel._watch_connection`), and few complete messages are queued."""
+    socket.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    socket.setsockopt(zmq.RCVHWM, _RECEIVE_HWM)
+
+
+class _Inbox:
+    """The messages for one request, waiting for its consumer; bounded in count and bytes.
+
+    Also the request's output budget: output messages beyond it are dropped before they are queued
+    (or even parsed) and counted in ``dropped``.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self._queue: deque[tuple[dict[str, Any], int]] = deque()
+        self._bytes = 0
+        self._closed = False
+        self._wakeup: anyio.Event | None = None
+        self.budget = budget
+        self.dropped = 0
+
+    def _notify(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
+
+    async def _wait(self) -> None:
+        if self._wakeup is None:
+            self._wakeup = anyio.Event()
+        await self._wakeup.wait()
+
+    def _full(self, size: int) -> bool:
+        return bool(self._queue) and (len(self._queue) >= _QUEUE_MESSAGES or self._bytes + size > _QUEUE_BYTES)
+
+    async def put(self, msg: dict[str, Any], size: int) -> None:
+        """Queue a message, waiting while the queue is full; dropped if the inbox is closed."""
+        while self._full(size) and not self._closed:
+            await self._wait()
+        if not self._closed:
+            self._queue.append((msg, size))
+            self._bytes += size
+            self._notify()
+
+    def close(self) -> None:
+        self._closed = True
+        self._notify()
+
+    def __aiter__(self) -> _Inbox:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        while not self._queue:
+            if self._closed:
+                raise StopAsyncIteration
+            await self._wait()
+        msg, size = self._queue.popleft()
+        self._bytes -= size
+        self._notify()
+        return msg
 
 
 def strip_ansi(text: str) -> str:
@@ -169,7 +284,12 @@ class Kernel:
     """A running kernel. Create with ``async with Kernel.start(...)``."""
 
     def __init__(
-        self, process: anyio.abc.Process, session: Session, sockets: Mapping[_Channel, zmq.Socket[bytes]], run_dir: Path
+        self,
+        process: anyio.abc.Process,
+        session: Session,
+        sockets: Mapping[_Channel, zmq.Socket[bytes]],
+        run_dir: Path,
+        limits: Limits,
     ) -> None:
         self._process = process
         self._session = session
@@ -178,16 +298,23 @@ class Kernel:
         # The cancel scope a channel's reader waits in, to wake it after a send (see the module doc).
         self._idle_readers: dict[_Channel, anyio.CancelScope] = {}
         self.run_dir = run_dir
-        self._waiters: dict[str, MemoryObjectSendStream[dict[str, Any]]] = {}
+        self._waiters: dict[str, _Inbox] = {}
+        self._message_limit = message_limit(limits.output_chars)
         self._stderr: deque[bytes] = deque()
         self._stderr_size = 0
         self.exit_code: int | None = None
+        # Why the host killed the kernel, when it did so because the kernel misbehaved.
+        self.stop_reason: str | None = None
         self.exited = anyio.Event()
         # The host pid of the kernel process inside the sandbox, once found.
         self._sandbox_pid: int | None = None
 
-    def _msg(self, msg_type: str, content: dict[str, Any]) -> dict[str, Any]:
-        return self._session.msg(msg_type, content)  # pyright: ignore[reportUnknownMemberType]
+    def _msg(self, msg_type: str, content: dict[str, Any], *, msg_id: str | None = None) -> dict[str, Any]:
+        header = None
+        if msg_id is not None:
+            header = self._session.msg_header(msg_type)
+            header["msg_id"] = msg_id
+        return self._session.msg(msg_type, content, header=header)  # pyright: ignore[reportUnknownMemberType]
 
     @property
     def pid(self) -> int:
@@ -238,6 +365,7 @@ class Kernel:
                 ("--cpu", limits.cpu_seconds),
                 ("--files", limits.open_files),
                 ("--output", limits.output_chars),
+                ("--message-bytes", message_limit(limits.output_chars)),
             ):
                 if value is not None:
                     argv += [flag, str(value)]
@@ -270,6 +398,7 @@ class Kernel:
             for name, kind in channels:
                 socket = sockets[name] = context.socket(kind)
                 socket.linger = 0
+                limit_socket(socket, message_limit(limits.output_chars))
                 # The kernel binds its sockets only after its imports; until then each connect
                 # fails and is retried after this many ms (ZMQ's default, 100, delays readiness).
                 socket.reconnect_ivl = _RECONNECT_MS
@@ -298,7 +427,7 @@ class Kernel:
             _close_fd(seccomp_fd)
             _close_fd(ready_write)
             seccomp_fd = ready_write = None
-            kernel = cls(process, session, sockets, run_dir)
+            kernel = cls(process, session, sockets, run_dir, limits)
             failure: KernelStartError | None = None
             try:
                 async with anyio.create_task_group() as tg:
@@ -306,6 +435,8 @@ class Kernel:
                     tg.start_soon(kernel._read_stderr)
                     tg.start_soon(kernel._read_channel, "iopub")
                     tg.start_soon(kernel._read_channel, "shell")
+                    # Nothing waits for control replies; read them so that they do not pile up.
+                    tg.start_soon(kernel._read_channel, "control")
                     try:
                         with anyio.fail_after(start_timeout):
                             if ready_read is not None:
@@ -319,6 +450,9 @@ class Kernel:
                         failure = exc
                     if failure is None and sandbox is not None:
                         tg.start_soon(kernel._watch_sandboxed_kernel)
+                    if failure is None:
+                        for name in sockets:
+                            tg.start_soon(kernel._watch_connection, name)
                     if failure is not None:
                         # Raised after the task group has closed, so it is not wrapped in a group.
                         kernel.kill()
@@ -366,8 +500,17 @@ class Kernel:
         if not self.exited.is_set():
             self._send("control", self._msg("interrupt_request", {}))
 
-    async def execute(self, code: str) -> AsyncGenerator[KernelEvent]:
+    def new_msg_id(self) -> str:
+        """A fresh id for a request to this kernel (see `execute`)."""
+        return self._session.msg_id
+
+    async def execute(self, code: str, *, msg_id: str | None = None) -> AsyncGenerator[KernelEvent]:
         """Run code and yield its events until the kernel is idle again.
+
+        Args:
+            code: The code.
+            msg_id: The request's id (default: a fresh one). The kernel gives it to the code as the
+                running cell's id, and sends it back with each tool call that code makes.
 
         Raises:
             KernelDied: The kernel exited before the execution completed.
@@ -382,10 +525,11 @@ class Kernel:
                 "allow_stdin": False,
                 "stop_on_error": False,
             },
+            msg_id=msg_id,
         )
         replied = idle = False
-        async with self._request(msg, "shell") as messages:
-            async for raw in messages:
+        async with self._request(msg, "shell") as inbox:
+            async for raw in inbox:
                 if raw["header"]["msg_type"] == "status":
                     idle = raw["content"].get("execution_state") == "idle"
                 else:
@@ -395,26 +539,24 @@ class Kernel:
                         yield event
                 # Output can still arrive on iopub after execute_reply; idle is the end of it.
                 if replied and idle:
+                    if inbox.dropped:
+                        yield Dropped(inbox.dropped)
                     return
-        raise KernelDied(self.exit_code)
+        raise KernelDied(self.exit_code, reason=self.stop_reason)
 
     @asynccontextmanager
-    async def _request(
-        self, msg: dict[str, Any], channel: Literal["shell", "control"]
-    ) -> AsyncGenerator[anyio.abc.ObjectReceiveStream[dict[str, Any]]]:
+    async def _request(self, msg: dict[str, Any], channel: Literal["shell", "control"]) -> AsyncGenerator[_Inbox]:
         msg_id: str = msg["header"]["msg_id"]
-        send, receive = anyio.create_memory_object_stream[dict[str, Any]](_BUFFER)
-        self._waiters[msg_id] = send
+        inbox = self._waiters[msg_id] = _Inbox(self._message_limit)
         try:
             if self.exited.is_set():
-                send.close()
+                inbox.close()
             else:
                 self._send(channel, msg)
-            with receive:
-                yield receive
+            yield inbox
         finally:
             self._waiters.pop(msg_id, None)
-            send.close()
+            inbox.close()
 
     async def _wait_ready(self) -> None:
         """Return once the kernel answers on shell and iopub; the caller bounds the wait.
@@ -426,40 +568,39 @@ class Kernel:
         Raises:
             KernelStartError: The kernel exited first.
         """
-        send, receive = anyio.create_memory_object_stream[dict[str, Any]](_BUFFER)
+        inbox = _Inbox(self._message_limit)
         sent: list[str] = []
         replied: set[str] = set()
         idle: set[str] = set()
         interval = _READY_RETRY
         resend = False
         try:
-            with receive:
-                while not self.exited.is_set():
-                    msg = self._msg("kernel_info_request", {})
-                    sent.append(msg["header"]["msg_id"])
-                    self._waiters[sent[-1]] = send
-                    self._send("shell", msg)
-                    with anyio.move_on_after(interval) as wait:
-                        async for raw in receive:
-                            parent = raw["parent_header"].get("msg_id")
-                            kind = raw["header"]["msg_type"]
-                            if kind == "kernel_info_reply":
-                                replied.add(parent)
-                                if not replied & idle and not resend:
-                                    # The kernel is up, but the idle of what it answered went out before
-                                    # our iopub subscription reached it: ask again now, not after the backoff.
-                                    resend = True
-                                    interval = _READY_RESEND
-                                    wait.deadline = min(wait.deadline, anyio.current_time() + interval)
-                            elif kind == "status" and raw["content"].get("execution_state") == "idle":
-                                idle.add(parent)
-                            if replied & idle:
-                                return
-                    interval = min(interval * 2, _READY_RETRY_MAX)
+            while not self.exited.is_set():
+                msg = self._msg("kernel_info_request", {})
+                sent.append(msg["header"]["msg_id"])
+                self._waiters[sent[-1]] = inbox
+                self._send("shell", msg)
+                with anyio.move_on_after(interval) as wait:
+                    async for raw in inbox:
+                        parent = raw["parent_header"].get("msg_id")
+                        kind = raw["header"]["msg_type"]
+                        if kind == "kernel_info_reply":
+                            replied.add(parent)
+                            if not replied & idle and not resend:
+                                # The kernel is up, but the idle of what it answered went out before
+                                # our iopub subscription reached it: ask again now, not after the backoff.
+                                resend = True
+                                interval = _READY_RESEND
+                                wait.deadline = min(wait.deadline, anyio.current_time() + interval)
+                        elif kind == "status" and raw["content"].get("execution_state") == "idle":
+                            idle.add(parent)
+                        if replied & idle:
+                            return
+                interval = min(interval * 2, _READY_RETRY_MAX)
         finally:
             for msg_id in sent:
                 self._waiters.pop(msg_id, None)
-            send.close()
+            inbox.close()
         raise KernelStartError(
             f"the kernel exited during start-up (exit code {self.exit_code})", output=self.stderr_tail()
         )
@@ -467,8 +608,47 @@ class Kernel:
     async def _watch_process(self) -> None:
         self.exit_code = await self._process.wait()
         self.exited.set()
-        for send in list(self._waiters.values()):
-            send.close()
+        for inbox in list(self._waiters.values()):
+            inbox.close()
+
+    async def _watch_connection(self, name: _Channel) -> None:
+        """Kill a kernel that broke its connection on this channel.
+
+        ZMQ gives up a connection whose peer sent a frame larger than the socket's limit (see
+        `limit_socket`) or anything that is not ZMTP, for good: whatever the kernel sends on it
+        afterwards, an execution's end among it, is lost and the execution would wait forever. The
+        kernel's output guard keeps legitimate messages within the limit, so such a kernel has gone
+        around it. (A connection whose peer closed, as when the kernel dies, is retried instead.)
+        """
+        socket = self._sockets[name]
+        monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
+        # When a drop not followed by a retry is taken for a protocol error.
+        verdict: float | None = None
+        try:
+            while True:
+                try:
+                    event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
+                except zmq.Again:
+                    if cast("int", monitor.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                        continue
+                    with anyio.move_on_after(math.inf if verdict is None else verdict - anyio.current_time()):
+                        await anyio.wait_readable(monitor.fileno())
+                    if verdict is not None and anyio.current_time() >= verdict:
+                        verdict = None
+                        if not self.exited.is_set():
+                            self.stop_reason = (
+                                f"it broke its {name} connection to the host by sending a message larger than the "
+                                f"host accepts ({self._message_limit} bytes, set by Limits.output_chars) or one "
+                                "that is not ZMQ at all; code that does not go around ipybox's output guard does "
+                                "neither"
+                            )
+                            self.kill()
+                            return
+                    continue
+                verdict = anyio.current_time() + _RETRY_VERDICT if event == zmq.EVENT_DISCONNECTED else None
+        finally:
+            socket.disable_monitor()
+            monitor.close()
 
     async def _connect_sandboxed(self, ready: int, executable: str, info: object) -> None:
         """Connect to a sandboxed kernel's sockets once it says they are bound.
@@ -536,11 +716,11 @@ class Kernel:
         if reader is not None:
             reader.cancel()
 
-    async def _read_channel(self, name: Literal["iopub", "shell"]) -> None:
+    async def _read_channel(self, name: _Channel) -> None:
         socket = self._sockets[name]
         while True:
             try:
-                frames = socket.recv_multipart(zmq.NOBLOCK)
+                frames = self._receive(socket)
             except zmq.Again:
                 if cast("int", socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     continue
@@ -549,23 +729,45 @@ class Kernel:
                     await anyio.wait_readable(socket.fileno())
                 del self._idle_readers[name]
                 continue
-            msg = self._decode(frames)
-            if msg is None:
+            if frames is None:
                 continue
-            send = self._waiters.get(msg["parent_header"].get("msg_id"))
-            if send is not None:
-                with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    try:
-                        send.send_nowait(msg)
-                    except anyio.WouldBlock:
-                        await send.send(msg)
+            delivery = self._decode(frames)
+            if delivery is not None:
+                inbox, msg, size = delivery
+                await inbox.put(msg, size)
 
-    def _decode(self, frames: list[bytes]) -> dict[str, Any] | None:
-        """The message in ``frames`` if it is signed with this kernel's key and someone waits for it.
+    def _receive(self, socket: zmq.Socket[bytes]) -> list[bytes] | None:
+        """The frames of the next message; None if it broke a limit (it has been read and discarded).
 
-        jupyter_client's ``Session.deserialize`` also parses every date in the headers and keeps a
-        history of signatures; neither is needed here, and skipping them halves the host's share of
-        an execution's round trip.
+        ZMQ bounds each frame (MAXMSGSIZE), not how many there are: frames past the limits are read
+        and let go one at a time, never kept.
+
+        Raises:
+            zmq.Again: No message is waiting.
+        """
+        frames = [socket.recv(zmq.NOBLOCK)]
+        size = len(frames[0])
+        kept = True
+        # The rest of a message is there as soon as its first frame is: ZMQ delivers whole messages.
+        while socket.getsockopt(zmq.RCVMORE):
+            frame = socket.recv(zmq.NOBLOCK)
+            if kept:
+                size += len(frame)
+                if len(frames) < _MAX_FRAMES and size <= self._message_limit:
+                    frames.append(frame)
+                else:
+                    kept = False
+                    frames.clear()
+        return frames if kept else None
+
+    def _decode(self, frames: list[bytes]) -> tuple[_Inbox, dict[str, Any], int] | None:
+        """The message in ``frames``, the inbox it goes to and its size; None if it is not wanted.
+
+        Cheapest checks first: whom it is for and what it is (two small frames), then the budget,
+        and only then the signature and the content. Output beyond the budget is counted, never
+        parsed. jupyter_client's ``Session.deserialize`` also parses every date in the headers and
+        keeps a history of signatures; neither is needed here, and skipping them halves the host's
+        share of an execution's round trip.
         """
         try:
             start = frames.index(_DELIMITER) + 1
@@ -574,6 +776,24 @@ class Kernel:
         if len(frames) < start + 5:
             return None
         signature, header, parent, metadata, content = frames[start : start + 5]
+        if len(header) > _MAX_HEADER_BYTES or len(parent) > _MAX_HEADER_BYTES:
+            return None
+        try:
+            parent_header: object = json.loads(parent)
+            header_fields: object = json.loads(header)
+        except ValueError:
+            return None
+        if not isinstance(parent_header, dict) or not isinstance(header_fields, dict):
+            return None
+        inbox = self._waiters.get(cast("dict[str, object]", parent_header).get("msg_id"))  # pyright: ignore[reportArgumentType]
+        kind = cast("dict[str, object]", header_fields).get("msg_type")
+        if inbox is None or kind not in _READ_TYPES:
+            return None
+        size = sum(map(len, frames))
+        output = kind in _OUTPUT_TYPES
+        if output and size > inbox.budget:
+            inbox.dropped += len(content)
+            return None
         mac = self._mac.copy()
         for part in (header, parent, metadata, content):
             mac.update(part)
@@ -581,18 +801,14 @@ class Kernel:
             # Unsigned or tampered with: not from our kernel.
             return None
         try:
-            parent_header: object = json.loads(parent)
-            if not isinstance(parent_header, dict):
-                return None
-            if cast("dict[str, object]", parent_header).get("msg_id") not in self._waiters:
-                return None
-            return {
-                "header": json.loads(header),
-                "parent_header": parent_header,
-                "content": json.loads(content),
-            }
+            body: object = json.loads(content)
         except ValueError:
             return None
+        if not isinstance(body, dict):
+            return None
+        if output:
+            inbox.budget -= size
+        return inbox, {"header": header_fields, "parent_header": parent_header, "content": body}, size
 
 
 def bytecode_missing() -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import functools
 import json
 import logging
 import mimetypes
@@ -683,12 +684,21 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
         path: Annotated[str, Field(description="The file, relative to the workspace")], ctx: Context
     ) -> CallToolResult:
         session = await session_of(ctx)
+        # The content comes back inline, so the cap is the server's file limit, checked before and
+        # while reading: the kernel can make a file of any size in an instant.
+        read = functools.partial(
+            read_file,
+            session.workspace,
+            path,
+            max_bytes=config.max_file_bytes,
+            fix="download_file returns files inline, up to the server's file limit (--max-file-mb, or "
+            "max_file_bytes in its config); make the file smaller in the kernel (compress or split it), "
+            "or start the server with a larger limit",
+        )
         try:
-            data = await anyio.to_thread.run_sync(read_file, session.workspace, path)
+            data = await anyio.to_thread.run_sync(read)
         except (UsageError, OSError) as exc:
             raise ToolError(f"cannot read {path!r}: {exc}") from None
-        if len(data) > config.max_file_bytes:
-            raise ToolError(f"{path!r} is {len(data)} bytes; the download limit is {config.max_file_bytes}")
         mime = mimetypes.guess_type(path)[0] or "application/octet-stream"
         blob = BlobResourceContents(
             uri=f"file:///workspace/{path.lstrip('/')}", mime_type=mime, blob=base64.b64encode(data).decode()

@@ -38,6 +38,8 @@ __all__ = (
 
 SOCKET_ENV = "IPYBOX_TOOL_SOCKET"
 TOKEN_ENV = "IPYBOX_TOOL_TOKEN"
+# The running cell's id, for a subprocess (it has no IPython to ask); set by ipybox_kernel._context.
+EXECUTION_ENV = "IPYBOX_EXECUTION"
 
 # The host refuses longer request lines (ipybox._channel.MAX_LINE_BYTES); fail before sending.
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
@@ -418,15 +420,18 @@ def _parse_reply(server_name: str, tool_name: str, line: bytes) -> ToolOutput:
 
 
 def _execution_id() -> str | None:
-    """The IPython parent msg_id of the running cell, or None outside an IPython kernel."""
+    """The IPython parent msg_id of the cell this code belongs to.
+
+    In a thread, the cell that started the thread (ipybox_kernel._context); in a subprocess of the
+    kernel, the cell that ran when it started; None outside an ipybox kernel. The host allows a call
+    only while the cell it names runs.
+    """
     ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return None
     try:
-        msg_id = ipython.get_ipython().kernel.get_parent()["header"]["msg_id"]
+        msg_id = ipython.get_ipython().kernel.get_parent()["header"]["msg_id"]  # pyright: ignore[reportOptionalMemberAccess]
     except (AttributeError, KeyError, TypeError):
-        return None
-    return msg_id if isinstance(msg_id, str) else None
+        msg_id = os.environ.get(EXECUTION_ENV)
+    return msg_id if isinstance(msg_id, str) and msg_id else None
 
 
 def _display_images(output: ToolOutput) -> None:

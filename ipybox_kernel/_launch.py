@@ -1,6 +1,7 @@
 """Starts the IPython kernel inside the sandbox: resource limits first, then ipykernel.
 
-Run as ``python -m ipybox_kernel._launch [--memory N] [--cpu N] [--files N] [--output N] -f CONN``.
+Run as ``python -m ipybox_kernel._launch [--memory N] [--cpu N] [--files N] [--output N]
+[--message-bytes N] -f CONN``.
 The limits are set before any user code can run, hard limit equal to soft limit; without
 capabilities the kernel cannot raise them again.
 """
@@ -17,6 +18,16 @@ from typing import Any, cast
 
 # Marks the display message that reports how much output the kernel dropped for one execution.
 TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
+# Messages ipykernel sends that are small by construction; any other kind the guard does not trim
+# is measured before it is sent.
+_SMALL_TYPES = frozenset(
+    {"status", "kernel_info_reply", "interrupt_reply", "shutdown_reply", "clear_output", "iopub_welcome"}
+)
+# Characters of an exception's name kept: a class name; anything longer was made up to be long.
+_NAME_CHARS = 1000
+# Characters an exception's value and each end of its traceback keep however small the output
+# budget: a tiny budget must not hide what was raised (the host's limit has room for this much).
+_ERROR_CHARS = 1000
 
 
 def _set_limit(which: int, value: int | None) -> None:
@@ -25,16 +36,23 @@ def _set_limit(which: int, value: int | None) -> None:
 
 
 class _OutputGuard:
-    """Caps the output one execution sends to the host, at the source.
+    """Caps the output one execution sends to the host, and the size of every message, at the source.
 
-    Everything the kernel publishes goes through ``Session.send``; output beyond the budget is cut
-    here so that a ``print('x' * 10**8)`` never crosses the wire. The host enforces its own cap as
-    well and does not rely on this one.
+    Everything the kernel sends goes through ``Session.send``; output beyond the budget is cut here so
+    that a ``print('x' * 10**8)`` never crosses the wire. The host enforces its own cap as well and
+    does not rely on this one.
+
+    The host also refuses any message larger than ``message_bytes`` (ipybox._kernel.message_limit:
+    6 bytes per character of ``budget``, plus room for headers), and a refused reply would leave
+    the execution waiting forever. So what legitimate code can make larger is trimmed here: the
+    exception in ``error`` and ``execute_reply`` (``raise ValueError('x' * 10**8)``), the echoed
+    code, display metadata; other kinds of message that would not fit are dropped.
     """
 
-    def __init__(self, session: Any, budget: int) -> None:
+    def __init__(self, session: Any, budget: int, message_bytes: int | None = None) -> None:
         self._send = session.send
         self._budget = budget
+        self._message_bytes = message_bytes
         self._used = 0
         self._dropped = 0
         session.send = self.send
@@ -74,12 +92,75 @@ class _OutputGuard:
             data: Any = fields.get("data")
             if isinstance(data, dict) and TRUNCATED_MIME not in data:
                 bundle = cast("dict[str, Any]", data)
-                size = sum(len(v) if isinstance(v, str) else len(json.dumps(v)) for v in bundle.values())
+                size = sum(_size(v) for v in bundle.values())
+                # Not part of the output, but sent with it; display_id could be made as long as any.
+                size += sum(_size(fields.get(extra) or "") for extra in ("metadata", "transient"))
                 if self._used + size > self._budget:
                     self._dropped += size
                     return None
                 self._used += size
+        elif msg_type in ("error", "execute_reply"):
+            self._trim_error(fields)
+        elif msg_type == "execute_input" and isinstance(fields.get("code"), str):
+            fields["code"] = _cut(fields["code"], self._budget)
+        elif msg_type not in _SMALL_TYPES and self._message_bytes is not None:
+            # Comms (widgets) and the rest: nobody on the host reads them, so one that would not
+            # fit is dropped rather than trimmed.
+            buffers: Any = kwargs.get("buffers") or ()
+            if _size(fields) > self._message_bytes or any(len(b) > self._message_bytes for b in buffers):
+                return None
         return self._send(stream, msg_or_type, content, *args, **kwargs)
+
+    def _trim_error(self, fields: dict[str, Any]) -> None:
+        """Keep an exception's name, value and traceback to about the output budget together. Not
+        counted against the budget: an execution's error always arrives."""
+        if isinstance(fields.get("ename"), str):
+            fields["ename"] = _cut(fields["ename"], _NAME_CHARS)
+        quarter = max(self._budget // 4, _ERROR_CHARS)
+        if isinstance(fields.get("evalue"), str):
+            fields["evalue"] = _cut(fields["evalue"], quarter)
+        lines: Any = fields.get("traceback")
+        if isinstance(lines, list):
+            kept = [_cut(line, quarter) if isinstance(line, str) else "" for line in cast("list[Any]", lines)]
+            if sum(map(len, kept)) > 2 * quarter:
+                # The first frames say where it started, the last ones what was raised.
+                head = _fit(kept, quarter)
+                tail = _fit(kept[::-1], quarter)[::-1]
+                cut = len(kept) - len(head) - len(tail)
+                kept = [*head, f"[ipybox: {cut} traceback lines cut]", *tail]
+            fields["traceback"] = kept
+        payload: Any = fields.get("payload")
+        if payload and self._message_bytes is not None and _size(payload) > self._message_bytes // 2:
+            # Pager text (``obj?``) and the like; the host does not show payloads.
+            fields["payload"] = []
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [ipybox: {len(text) - limit} characters cut]"
+
+
+def _fit(lines: list[str], room: int) -> list[str]:
+    """The leading lines that fit in ``room`` characters (at least one)."""
+    kept: list[str] = []
+    for line in lines:
+        if kept and len(line) > room:
+            break
+        kept.append(line)
+        room -= len(line)
+    return kept
+
+
+def _size(value: Any) -> int:
+    """A string's characters; anything else's length as ASCII-escaped JSON, which is at least the
+    bytes ipykernel sends for it."""
+    if isinstance(value, str):
+        return len(value)
+    try:
+        return len(json.dumps(value, default=repr))
+    except (TypeError, ValueError, RecursionError):
+        return 0
 
 
 def _pip_magic(line: str) -> None:
@@ -105,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu", type=int)
     parser.add_argument("--files", type=int)
     parser.add_argument("--output", type=int)
+    parser.add_argument("--message-bytes", type=int)
     # Written to once the kernel's sockets are bound (the host connects only then; see ipybox._kernel).
     parser.add_argument("--ready-fd", type=int)
     ours, rest = parser.parse_known_args(argv)
@@ -120,7 +202,7 @@ def main(argv: list[str] | None = None) -> None:
 
     app: Any = IPKernelApp.instance()
     try:
-        _initialize(app, rest, ours.output)
+        _initialize(app, rest, ours.output, ours.message_bytes)
     except BaseException:
         # ipykernel may have started threads already; they would keep a half-initialized kernel
         # alive forever. Report and leave now (the host shows this output in KernelStartError).
@@ -149,7 +231,7 @@ def _workspace_last() -> None:
     sys.path.append("")
 
 
-def _initialize(app: Any, rest: list[str], output: int | None) -> None:
+def _initialize(app: Any, rest: list[str], output: int | None, message_bytes: int | None) -> None:
     app.initialize(
         [
             *rest,
@@ -164,13 +246,18 @@ def _initialize(app: Any, rest: list[str], output: int | None) -> None:
             "--IPythonKernel._execute_sleep=0",
         ]
     )
+    from ._context import announce_execution, carry_execution_context
     from ._stream import FdDrain  # imports ipykernel: only once main() has kept debugpy out
 
     app.shell.register_magic_function(_pip_magic, "line", "pip")
+    # Threads keep the cell that started them, so their output and tool calls are not taken for
+    # those of the cell that runs when they print or call.
+    carry_execution_context(app.kernel)
+    app.shell.events.register("pre_execute", lambda: announce_execution(app.kernel))
     # Before the output guard's report, which counts what the execution printed.
     app.shell.events.register("post_execute", FdDrain(sys.stdout, sys.stderr))
     if output is not None:
-        guard = _OutputGuard(app.session, output)
+        guard = _OutputGuard(app.session, output, message_bytes)
         app.shell.events.register("pre_execute", guard.reset)
         app.shell.events.register("post_execute", guard.report)
 

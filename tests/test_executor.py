@@ -8,6 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from memory_support import reset_resident_peak, resident, resident_peak
 
 from ipybox import (
     CodeExecutionChunk,
@@ -20,11 +21,15 @@ from ipybox import (
     Limits,
     UsageError,
 )
-from ipybox._executor import INTERRUPT_GRACE
+from ipybox._executor import DOWNLOAD_LIMIT, INTERRUPT_GRACE
 
 pytestmark = pytest.mark.anyio
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# A sparse file the kernel makes in an instant and that no host could hold in memory.
+HUGE_FILE = 100 * 1024**3
+# How much more memory the host may use while it copies a file: its chunk and allocator slack.
+COPY_MEMORY_GROWTH = 50 * 1024**2
 
 
 async def test_state_persists_between_executions(executor: CodeExecutor) -> None:
@@ -334,6 +339,74 @@ async def test_download_refuses_a_symlink_the_kernel_planted(workspace: Path, tm
         with pytest.raises(UsageError, match="outside the workspace"):
             await ex.download(secret, tmp_path / "copy.txt")
     assert not (tmp_path / "copy.txt").exists()
+
+
+async def test_download_refuses_a_huge_sparse_file_by_its_size_without_reading_it(
+    executor: CodeExecutor, module_workspace: Path, tmp_path: Path
+) -> None:
+    await executor.execute(f"import os\nwith open('huge.bin', 'wb') as f:\n    os.truncate(f.fileno(), {HUGE_FILE})")
+    reset_resident_peak()
+    before = resident()
+    try:
+        with pytest.raises(UsageError) as info:
+            await executor.download("huge.bin", tmp_path / "huge.bin")
+    finally:
+        (module_workspace / "huge.bin").unlink()
+    assert resident_peak() - before < COPY_MEMORY_GROWTH
+    message = str(info.value)
+    assert f"is {HUGE_FILE} bytes, more than the limit of {DOWNLOAD_LIMIT} bytes" in message
+    assert "pass a larger max_bytes" in message
+    assert not (tmp_path / "huge.bin").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_download_copies_a_large_file_in_chunks_without_holding_it_in_memory(
+    executor: CodeExecutor, module_workspace: Path, tmp_path: Path
+) -> None:
+    size = 512 * 1024**2
+    await executor.execute(f"with open('large.bin', 'wb') as f:\n    f.truncate({size})\n    f.write(b'head')")
+    reset_resident_peak()
+    before = resident()
+    try:
+        await executor.download("large.bin", tmp_path / "large.bin", max_bytes=None)
+    finally:
+        (module_workspace / "large.bin").unlink()
+    assert resident_peak() - before < COPY_MEMORY_GROWTH
+    copied = tmp_path / "large.bin"
+    assert copied.stat().st_size == size
+    with copied.open("rb") as f:
+        assert f.read(4) == b"head"
+
+
+async def test_download_stops_at_the_cap_when_the_kernel_grows_the_file_while_it_is_copied(
+    executor: CodeExecutor, module_workspace: Path, tmp_path: Path
+) -> None:
+    cap = 64 * 1024**2
+    # The file is exactly at the cap when the host looks at its size; the host's first read wakes a
+    # kernel thread (inotify IN_ACCESS) that makes it 100 GiB, long before the host reaches its end.
+    code = (
+        "import ctypes, os, threading\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"with open('grows.bin', 'wb') as f:\n    f.truncate({cap})\n"
+        "watch = libc.inotify_init1(os.O_CLOEXEC)\n"
+        "assert watch >= 0 and libc.inotify_add_watch(watch, b'grows.bin', 0x1) >= 0  # IN_ACCESS\n"
+        "def grow():\n"
+        "    os.read(watch, 4096)\n"
+        f"    os.truncate('grows.bin', {HUGE_FILE})\n"
+        "    os.close(watch)\n"
+        "threading.Thread(target=grow).start()\n"
+    )
+    await executor.execute(code)
+    reset_resident_peak()
+    before = resident()
+    try:
+        with pytest.raises(UsageError) as info:
+            await executor.download("grows.bin", tmp_path / "grows.bin", max_bytes=cap)
+    finally:
+        (module_workspace / "grows.bin").unlink()
+    assert resident_peak() - before < COPY_MEMORY_GROWTH
+    assert f"grew past {cap} bytes while it was read" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 async def test_upload_does_not_follow_a_symlinked_directory_out_of_the_workspace(

@@ -28,6 +28,7 @@ from codegen_support import EVERYTHING_BIN, everything_params
 from mcp import Client, StdioServerParameters, types
 from mcp.client.context import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
+from memory_support import reset_resident_peak, resident, resident_peak
 from servers.fixtures import stdio_server, wait_for_exit
 
 pytestmark = pytest.mark.anyio
@@ -37,6 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT = 60.0
 # The server's own shutdown after SIGTERM: uvicorn, then every session's kernel.
 CLEANUP_TIMEOUT = 20.0
+# How much more memory the server may use to refuse a file: the request, the reply, allocator slack.
+SERVER_MEMORY_GROWTH = 50 * 1024**2
 
 
 def _text(result: types.CallToolResult) -> str:
@@ -276,6 +279,51 @@ async def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(tmp_pat
             resource = resources[0].resource
             assert isinstance(resource, types.BlobResourceContents)
             assert base64.b64decode(resource.blob) == blob[::-1]
+        await _assert_clean(tmp)
+
+
+def _server_pid(workspace: Path) -> int:
+    """The ipybox MCP server process serving ``workspace``."""
+    found = [
+        int(proc.name)
+        for proc in Path("/proc").iterdir()
+        if proc.name.isdigit()
+        and b"ipybox.mcp_server" in (cmdline := _cmdline(proc))
+        and str(workspace).encode() in cmdline
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+async def test_download_file_refuses_a_huge_sparse_file_by_its_size_without_reading_it(tmp_path: Path) -> None:
+    workspace, tmp = tmp_path / "ws", tmp_path / "tmp"
+    workspace.mkdir()
+    tmp.mkdir()
+    huge = 100 * 1024**3
+    with anyio.fail_after(START_TIMEOUT * 2):
+        async with Client(_stdio(workspace, tmp), mode="legacy") as client:
+            made = await _call(
+                client,
+                "execute_ipython_cell",
+                code=f"import os\nwith open('huge.bin', 'wb') as f:\n    os.truncate(f.fileno(), {huge})",
+            )
+            assert not made.is_error, _text(made)
+            server = _server_pid(workspace)
+            reset_resident_peak(server)
+            before = resident(server)
+            refused = await _call(client, "download_file", path="huge.bin")
+            assert resident_peak(server) - before < SERVER_MEMORY_GROWTH
+            assert refused.is_error
+            assert f"is {huge} bytes, more than the limit of {20 * 1024**2} bytes" in _text(refused)
+            assert "--max-file-mb" in _text(refused)
+            (workspace / "huge.bin").unlink()
         await _assert_clean(tmp)
 
 

@@ -149,6 +149,75 @@ async def test_parallel_calls_from_threads_in_one_cell_each_get_their_own_approv
     assert len({r.id for r in requests}) == 8
 
 
+async def test_a_thread_or_task_left_running_neither_prints_into_the_next_execution_nor_calls_tools_as_it(
+    asking: CodeExecutor,
+) -> None:
+    started = (
+        "import asyncio, threading\n"
+        "from ipybox_kernel import ToolCallRejected, acall_tool, call_tool\n"
+        "release, release_task, stray_done = threading.Event(), asyncio.Event(), threading.Event()\n"
+        "outcomes = {}\n"
+        "def thread_body():\n"
+        "    release.wait()\n"
+        "    print('printed by the stray thread')\n"
+        "    try:\n"
+        "        call_tool('test', 'greet', {'name': 'thread'})\n"
+        "        outcomes['thread'] = 'ran'\n"
+        "    except ToolCallRejected as e:\n"
+        "        outcomes['thread'] = e.reason\n"
+        "    stray_done.set()\n"
+        "async def task_body():\n"
+        "    await release_task.wait()\n"
+        "    print('printed by the stray task')\n"
+        "    try:\n"
+        "        await acall_tool('test', 'greet', {'name': 'task'})\n"
+        "        outcomes['task'] = 'ran'\n"
+        "    except ToolCallRejected as e:\n"
+        "        outcomes['task'] = e.reason\n"
+        "threading.Thread(target=thread_body).start()\n"
+        "stray_task = asyncio.ensure_future(task_body())\n"
+    )
+    requests, _ = await collect(asking, started)
+    assert requests == []
+    released = (
+        "release.set()\n"
+        "assert stray_done.wait(30)\n"
+        "release_task.set()\n"
+        "await asyncio.wait_for(stray_task, 30)\n"
+        "print('the next execution')\n"
+    )
+    requests, result = await collect(asking, released)
+    assert result.text == "the next execution\n"
+    assert requests == []
+    _, result = await collect(asking, "print(outcomes['thread'])\nprint(outcomes['task'])")
+    assert result.text.count("left running after the code action that started it ended") == 2
+
+
+async def test_a_thread_pool_made_by_one_execution_works_for_the_next_as_its_own(asking: CodeExecutor) -> None:
+    made = "from concurrent.futures import ThreadPoolExecutor\npool = ThreadPoolExecutor(1)\npool.submit(int).result()"
+    _, result = await collect(asking, made)
+    assert result.text == "0\n"
+    code = (
+        "from mcptools.test import add\n"
+        "print(pool.submit(lambda: add.run({'a': 2, 'b': 3}).result).result())\n"
+        "pool.submit(print, 'printed by the pool').result()\n"
+    )
+    requests, result = await collect(asking, code)
+    assert result.text == "5\nprinted by the pool\n"
+    assert [r.tool_name for r in requests] == ["add"]
+
+
+async def test_a_subprocess_of_the_running_execution_calls_tools_as_it(asking: CodeExecutor) -> None:
+    script = "from mcptools.test import add\nprint(add.run({'a': 20, 'b': 22}).result)"
+    code = (
+        "import subprocess, sys\n"
+        f"print(subprocess.run([sys.executable, '-c', {script!r}], capture_output=True, text=True).stdout)"
+    )
+    requests, result = await collect(asking, code)
+    assert result.text.strip() == "42"
+    assert [r.tool_name for r in requests] == ["add"]
+
+
 async def test_asyncio_gather_over_async_wrappers_fans_out(asking: CodeExecutor) -> None:
     code = (
         "import asyncio\n"

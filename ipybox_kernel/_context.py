@@ -1,0 +1,75 @@
+"""Threads and thread-pool work carry the execution that started them.
+
+ipykernel keeps the running cell (its parent message) in context variables, so output and tool
+calls can be told apart by the cell that made them. A new thread, though, starts with an empty
+context and falls back to whichever cell runs *now*: a thread started by cell 1 that prints while
+cell 2 runs had its output land in cell 2's result, and its tool calls asked for approval as cell
+2's. asyncio tasks already copy the context they are created in.
+
+So a thread started while a cell runs gets a copy of the starting context (what Python 3.14 does
+with ``Thread(context=...)``), and work submitted to a thread pool runs in the submitter's context
+(what ``asyncio.to_thread`` does), whichever thread of the pool picks it up. Threads started
+outside any cell (ipykernel's own, at start-up) keep the old fallback.
+
+Not covered: threads started through ``_thread.start_new_thread`` or by C code, and output written
+straight to file descriptor 1 or 2, which has no context at all.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, cast
+
+from ._client import EXECUTION_ENV
+
+
+def carry_execution_context(kernel: Any) -> None:
+    """Make threads and thread-pool work keep the cell they were started from (see the module doc)."""
+    start_thread = threading.Thread.start
+    submit = concurrent.futures.ThreadPoolExecutor.submit
+
+    def start(self: threading.Thread) -> None:
+        if _execution_of(kernel, inherited=False) is not None:
+            context = contextvars.copy_context()
+            run = self.run
+            # Bound here, so a subclass's own run() is what runs in the context.
+            self.run = lambda: context.run(run)
+        start_thread(self)
+
+    def submit_in_context(
+        self: concurrent.futures.ThreadPoolExecutor, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[Any]:
+        return submit(self, contextvars.copy_context().run, fn, *args, **kwargs)
+
+    threading.Thread.start = start
+    concurrent.futures.ThreadPoolExecutor.submit = submit_in_context
+
+
+def announce_execution(kernel: Any) -> None:
+    """Tell subprocesses started by the cell which cell it is (a pre_execute hook)."""
+    msg_id = _execution_of(kernel, inherited=True)
+    if msg_id is not None:
+        os.environ[EXECUTION_ENV] = msg_id
+
+
+def _execution_of(kernel: Any, *, inherited: bool) -> str | None:
+    """The msg_id of the execute request the calling context belongs to, if any.
+
+    With ``inherited=False``, only if the context holds it itself: a thread without one (started by
+    C code, say) would otherwise get ipykernel's fallback, the cell that happens to run now.
+    """
+    own: object = getattr(kernel, "_shell_parent", None)
+    try:
+        if not inherited and isinstance(own, contextvars.ContextVar):
+            parent: Any = cast("contextvars.ContextVar[Any]", own).get(None)
+        else:
+            parent = kernel.get_parent()
+        header = cast("dict[str, object]", parent["header"])
+        msg_id = header.get("msg_id") if header.get("msg_type") == "execute_request" else None
+    except (AttributeError, KeyError, TypeError):
+        return None
+    return msg_id if isinstance(msg_id, str) else None
