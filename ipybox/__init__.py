@@ -1,5 +1,7 @@
 """ipybox: sandboxed, stateful Python code execution for AI agents, with approved MCP tool calls."""
 
+from importlib.metadata import version as _distribution_version
+
 from ._approval import Approval as Approval
 from ._approval import ApprovalCallback as ApprovalCallback
 from ._approval import ApprovalDecision as ApprovalDecision
@@ -31,6 +33,10 @@ from ._results import Image as Image
 from ._results import Output as Output
 from ._sandbox import SandboxConfig as SandboxConfig
 from ._stubs import render_tool_stubs as render_tool_stubs
+
+# The installed distribution's metadata is the one source of the version (pyproject.toml sets it);
+# `ipybox --version`, the MCP server's reported version and the static manifests follow it.
+__version__ = _distribution_version("ipybox")
 
 __all__ = (
     "Approval",

@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 
+from . import __version__
 from ._codegen import GenerationReport, generate_package
 from ._exceptions import IpyboxError, UsageError
 from ._manifest import MANIFEST_DIR, MANIFEST_FILE
@@ -103,6 +104,7 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ipybox", description="Sandboxed Python code actions with MCP tools.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
     generate = commands.add_parser(

@@ -9,6 +9,7 @@ import anyio
 import pytest
 from codegen_support import SERVERS, SUBPROCESS_TIMEOUT, http_server
 
+import ipybox
 from ipybox._cli import main
 from ipybox._manifest import load_manifest
 
@@ -89,3 +90,10 @@ async def test_generate_from_a_url_with_python_dash_m(transport: str, tmp_path: 
     assert result.stdout.decode().startswith(f"wrote {root / 'remote'}/ from MCP server 'remote': 13 tool modules")
     stored = load_manifest(root)["remote"].model_dump()
     assert stored["url"] == url and stored["type"] == ("sse" if transport == "sse" else "streamable-http")
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"ipybox {ipybox.__version__}\n"
