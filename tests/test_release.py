@@ -75,11 +75,14 @@ def test_the_version_comes_from_the_package_metadata_and_sorts_after_every_earli
     assert Version(version) > NEWEST_EARLIER_IPYBOX
 
 
-def test_the_registry_entry_and_the_plugin_carry_the_package_version() -> None:
+def test_the_registry_entry_the_plugin_and_the_install_steps_carry_the_package_version() -> None:
     entry = _json("server.json")
     assert entry["version"] == ipybox.__version__
     assert [p["version"] for p in entry["packages"]] == [ipybox.__version__]
     assert _json("plugin/.claude-plugin/plugin.json")["version"] == ipybox.__version__
+    readme = (REPO / "README.md").read_text()
+    assert f"dist/ipybox-{ipybox.__version__}-py3-none-any.whl" in readme
+    assert f'"ipybox>={ipybox.__version__}"' in readme
 
 
 def test_the_plugin_runs_this_project_and_never_an_earlier_ipybox_from_the_index() -> None:
