@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,3 +98,14 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"ipybox {ipybox.__version__}\n"
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["stubs", "--help"]])
+def test_commands_that_need_no_mcp_connection_do_not_import_the_mcp_stack(argv: list[str]) -> None:
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ipybox", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    # -X importtime writes "import time: self | cumulative | module" for every module imported.
+    imported = {line.rpartition("|")[2].strip().partition(".")[0] for line in run.stderr.splitlines()}
+    assert imported & {"mcp", "mcp_types", "datamodel_code_generator", "jupyter_client", "zmq", "httpx2"} == set()
