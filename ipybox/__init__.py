@@ -1,36 +1,82 @@
 """ipybox: sandboxed, stateful Python code execution for AI agents, with approved MCP tool calls."""
 
-from ._approval import Approval as Approval
-from ._approval import ApprovalCallback as ApprovalCallback
-from ._approval import ApprovalDecision as ApprovalDecision
-from ._approval import ApprovalRequest as ApprovalRequest
-from ._approval import ApprovalRules as ApprovalRules
-from ._codegen import generate_mcp_sources as generate_mcp_sources
-from ._exceptions import CodeExecutionError as CodeExecutionError
-from ._exceptions import ExecutionCancelled as ExecutionCancelled
-from ._exceptions import ExecutionError as ExecutionError
-from ._exceptions import ExecutionLost as ExecutionLost
-from ._exceptions import ExecutionTimeout as ExecutionTimeout
-from ._exceptions import GenerationError as GenerationError
-from ._exceptions import IpyboxError as IpyboxError
-from ._exceptions import KernelDied as KernelDied
-from ._exceptions import KernelError as KernelError
-from ._exceptions import KernelStartError as KernelStartError
-from ._exceptions import MCPServerError as MCPServerError
-from ._exceptions import SandboxUnavailable as SandboxUnavailable
-from ._exceptions import UsageError as UsageError
-from ._execution import Execution as Execution
-from ._executor import CodeExecutor as CodeExecutor
-from ._kernel import Limits as Limits
-from ._mcp import HttpServer as HttpServer
-from ._mcp import StdioServer as StdioServer
-from ._packages import PackageInstallError as PackageInstallError
-from ._results import CodeExecutionChunk as CodeExecutionChunk
-from ._results import CodeExecutionResult as CodeExecutionResult
-from ._results import Image as Image
-from ._results import Output as Output
-from ._sandbox import SandboxConfig as SandboxConfig
-from ._stubs import render_tool_stubs as render_tool_stubs
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._approval import Approval as Approval
+    from ._approval import ApprovalCallback as ApprovalCallback
+    from ._approval import ApprovalDecision as ApprovalDecision
+    from ._approval import ApprovalRequest as ApprovalRequest
+    from ._approval import ApprovalRules as ApprovalRules
+    from ._codegen import generate_mcp_sources as generate_mcp_sources
+    from ._exceptions import CodeExecutionError as CodeExecutionError
+    from ._exceptions import ExecutionCancelled as ExecutionCancelled
+    from ._exceptions import ExecutionError as ExecutionError
+    from ._exceptions import ExecutionLost as ExecutionLost
+    from ._exceptions import ExecutionTimeout as ExecutionTimeout
+    from ._exceptions import GenerationError as GenerationError
+    from ._exceptions import IpyboxError as IpyboxError
+    from ._exceptions import KernelDied as KernelDied
+    from ._exceptions import KernelError as KernelError
+    from ._exceptions import KernelStartError as KernelStartError
+    from ._exceptions import MCPServerError as MCPServerError
+    from ._exceptions import SandboxUnavailable as SandboxUnavailable
+    from ._exceptions import UsageError as UsageError
+    from ._execution import Execution as Execution
+    from ._executor import CodeExecutor as CodeExecutor
+    from ._kernel import Limits as Limits
+    from ._mcp import HttpServer as HttpServer
+    from ._mcp import StdioServer as StdioServer
+    from ._packages import PackageInstallError as PackageInstallError
+    from ._results import CodeExecutionChunk as CodeExecutionChunk
+    from ._results import CodeExecutionResult as CodeExecutionResult
+    from ._results import Image as Image
+    from ._results import Output as Output
+    from ._sandbox import SandboxConfig as SandboxConfig
+    from ._stubs import render_tool_stubs as render_tool_stubs
+
+    __version__: str
+
+# Each public name and the private module that defines it. `import ipybox` imports none of them:
+# they pull in the MCP SDK, datamodel-code-generator, jupyter_client and zmq (together ~0.7 s even
+# with warm caches), which `ipybox --version`, `ipybox stubs` or an application that only names a type
+# should not pay for. A name's module is imported on first access (PEP 562).
+_LAZY = {
+    "Approval": "._approval",
+    "ApprovalCallback": "._approval",
+    "ApprovalDecision": "._approval",
+    "ApprovalRequest": "._approval",
+    "ApprovalRules": "._approval",
+    "CodeExecutionChunk": "._results",
+    "CodeExecutionError": "._exceptions",
+    "CodeExecutionResult": "._results",
+    "CodeExecutor": "._executor",
+    "Execution": "._execution",
+    "ExecutionCancelled": "._exceptions",
+    "ExecutionError": "._exceptions",
+    "ExecutionLost": "._exceptions",
+    "ExecutionTimeout": "._exceptions",
+    "GenerationError": "._exceptions",
+    "HttpServer": "._mcp",
+    "Image": "._results",
+    "IpyboxError": "._exceptions",
+    "KernelDied": "._exceptions",
+    "KernelError": "._exceptions",
+    "KernelStartError": "._exceptions",
+    "Limits": "._kernel",
+    "MCPServerError": "._exceptions",
+    "Output": "._results",
+    "PackageInstallError": "._packages",
+    "SandboxConfig": "._sandbox",
+    "SandboxUnavailable": "._exceptions",
+    "StdioServer": "._mcp",
+    "UsageError": "._exceptions",
+    "generate_mcp_sources": "._codegen",
+    "render_tool_stubs": "._stubs",
+}
 
 __all__ = (
     "Approval",
@@ -65,3 +111,29 @@ __all__ = (
     "generate_mcp_sources",
     "render_tool_stubs",
 )
+
+
+# Hidden from type checkers, which would otherwise accept any attribute of the package as Any
+# rather than only the names imported above.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        if name == "__version__":
+            # The installed distribution's metadata is the one source of the version (pyproject.toml sets
+            # it); `ipybox --version`, the MCP server's version and the static manifests (by a test) follow
+            # it. Read on first use: importlib.metadata alone takes ~35 ms to import.
+            from importlib.metadata import version
+
+            value = version("ipybox")
+        elif name in _LAZY:
+            value = getattr(import_module(_LAZY[name], __name__), name)
+        else:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        # Cached in the module's globals, so later lookups never reach this function.
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    # The public names whether or not they are loaded yet (and not the submodules that loading them binds here).
+    return sorted({*__all__, *(name for name in globals() if name.startswith("_"))})

@@ -11,15 +11,18 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._codegen import GenerationReport, generate_package
+from . import __version__
 from ._exceptions import IpyboxError, UsageError
 from ._manifest import MANIFEST_DIR, MANIFEST_FILE
 from ._mcp_config import add_arguments as add_mcp_arguments
 from ._stubs import render_tool_stubs
+
+if TYPE_CHECKING:
+    from ._codegen import GenerationReport
 
 __all__ = ("main",)
 
@@ -80,6 +83,10 @@ def _print_report(report: GenerationReport, root: Path) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    # Imported here, like the MCP server below: code generation needs the MCP client and
+    # datamodel-code-generator, which `ipybox --version`, `--help` and `stubs` should not load.
+    from ._codegen import generate_package
+
     params = _server_params(args)
     root = Path(args.root)
     report = anyio.run(generate_package, args.name, params, root)
@@ -103,6 +110,7 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ipybox", description="Sandboxed Python code actions with MCP tools.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
     generate = commands.add_parser(

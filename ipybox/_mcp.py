@@ -12,16 +12,15 @@ import shlex
 import sys
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Annotated, Any, Literal, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TextIO
 
 import anyio
-import httpx2
-from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ._exceptions import MCPServerError, UsageError
+
+if TYPE_CHECKING:
+    from mcp import ClientSession
 
 __all__ = (
     "HttpServer",
@@ -174,6 +173,13 @@ async def open_session(
         MCPServerError: The server could not be started or did not complete the MCP handshake.
         UsageError: A placeholder names an unset variable.
     """
+    # Imported here: the server parameters above are also read by `ipybox --help`, `ipybox stubs` and
+    # the manifest, which should not pay ~0.6 s for the MCP client stack they never use.
+    import httpx2
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp.client.sse import sse_client
+    from mcp.client.streamable_http import streamable_http_client
+
     resolved = resolve_placeholders(params)
     async with AsyncExitStack() as stack:
         try:

@@ -51,6 +51,7 @@ from mcp_types import (
 )
 from pydantic import BaseModel, Field
 
+from . import __version__
 from ._approval import ApprovalDecision, ApprovalRequest, ApprovalRules
 from ._codegen import generate_mcp_sources
 from ._events import wait_any
@@ -470,7 +471,7 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
                 await sessions.close_all()
                 tg.cancel_scope.cancel()
 
-    server = MCPServer("ipybox", instructions=_INSTRUCTIONS, lifespan=lifespan)
+    server = MCPServer("ipybox", version=__version__, instructions=_INSTRUCTIONS, lifespan=lifespan)
 
     if shared:
         # The 2026 protocol is sessionless, so it has nowhere to keep a kernel between requests.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import anyio
 import pytest
 from codegen_support import SERVERS, SUBPROCESS_TIMEOUT, http_server
 
+import ipybox
 from ipybox._cli import main
 from ipybox._manifest import load_manifest
 
@@ -89,3 +91,21 @@ async def test_generate_from_a_url_with_python_dash_m(transport: str, tmp_path: 
     assert result.stdout.decode().startswith(f"wrote {root / 'remote'}/ from MCP server 'remote': 13 tool modules")
     stored = load_manifest(root)["remote"].model_dump()
     assert stored["url"] == url and stored["type"] == ("sse" if transport == "sse" else "streamable-http")
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"ipybox {ipybox.__version__}\n"
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["stubs", "--help"]])
+def test_commands_that_need_no_mcp_connection_do_not_import_the_mcp_stack(argv: list[str]) -> None:
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ipybox", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    # -X importtime writes "import time: self | cumulative | module" for every module imported.
+    imported = {line.rpartition("|")[2].strip().partition(".")[0] for line in run.stderr.splitlines()}
+    assert imported & {"mcp", "mcp_types", "datamodel_code_generator", "jupyter_client", "zmq", "httpx2"} == set()

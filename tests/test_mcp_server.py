@@ -31,6 +31,8 @@ from mcp.client.streamable_http import streamable_http_client
 from memory_support import reset_resident_peak, resident, resident_peak
 from servers.fixtures import stdio_server, wait_for_exit
 
+import ipybox
+
 pytestmark = pytest.mark.anyio
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,6 +131,8 @@ async def test_a_stdio_client_registers_a_server_calls_its_tools_from_code_and_l
     params = stdio_server().model_dump(mode="json", exclude_none=True)
     with anyio.fail_after(START_TIMEOUT * 2):
         async with Client(_stdio(workspace, tmp), elicitation_callback=user, mode="legacy") as client:
+            assert client.server_info is not None
+            assert (client.server_info.name, client.server_info.version) == ("ipybox", ipybox.__version__)
             tools = {t.name: t for t in (await client.list_tools()).tools}
             assert {"execute_ipython_cell", "register_mcp_server", "list_mcp_servers", "get_tool_stubs"} <= set(tools)
             assert {"install_package", "reset", "upload_file", "download_file"} <= set(tools)
@@ -604,8 +608,13 @@ def test_the_plugin_and_the_registry_entry_start_ipybox_with_valid_options() -> 
     from ipybox._cli import _build_parser
 
     plugin = json.loads((REPO / "plugin" / ".mcp.json").read_text())["mcpServers"]["ipybox"]
-    assert plugin["command"] == "uvx" and plugin["args"][:2] == ["ipybox", "mcp"]
-    args = _build_parser().parse_args(plugin["args"][1:])
+    assert plugin["command"] == "uvx" and plugin["args"][:4] == [
+        "--from",
+        f"ipybox>={ipybox.__version__}",
+        "ipybox",
+        "mcp",
+    ]
+    args = _build_parser().parse_args(plugin["args"][3:])
     assert args.subcommand == "mcp" and args.transport == "stdio"
 
     entry = json.loads((REPO / "server.json").read_text())

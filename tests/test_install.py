@@ -1,0 +1,77 @@
+"""A user outside a clone: build the wheel, install it with plain pip into a fresh venv, run it there.
+
+Slow for a unit test (~30 s: pip fetches every dependency from the package index), but nothing
+else checks that the wheel carries everything the installed ``ipybox`` needs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters, types
+
+import ipybox
+
+pytestmark = [pytest.mark.anyio, pytest.mark.install, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[1]
+# Building the wheel: uv fetches hatchling into its (temporary) cache first.
+BUILD_TIMEOUT = 120.0
+# pip resolves and downloads ~90 packages from the index into an empty cache.
+INSTALL_TIMEOUT = 240.0
+# The installed server's start (import mcp), its first sandboxed kernel and one cell.
+RUN_TIMEOUT = 90.0
+
+
+def _uv() -> list[str]:
+    # scripts/setup.sh installs uv as a module of the system python3; a standalone uv works as well.
+    found = shutil.which("uv")
+    return [found] if found else ["python3", "-m", "uv"]
+
+
+async def test_the_built_wheel_installs_with_pip_into_a_fresh_venv_and_serves_mcp(tmp_path: Path) -> None:
+    # Every cache lives in tmp_path, so the test reuses nothing from earlier runs and leaves nothing.
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env |= {"UV_CACHE_DIR": str(tmp_path / "uv-cache"), "PIP_CACHE_DIR": str(tmp_path / "pip-cache")}
+    dist, venv = tmp_path / "dist", tmp_path / "venv"
+
+    with anyio.fail_after(BUILD_TIMEOUT):
+        await anyio.run_process([*_uv(), "build", "--wheel", "--out-dir", str(dist), str(REPO)], env=env)
+    (wheel,) = dist.glob("ipybox-*.whl")
+    assert wheel.name == f"ipybox-{ipybox.__version__}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        assert f"ipybox-{ipybox.__version__}.dist-info/licenses/LICENSE" in archive.namelist()
+
+    with anyio.fail_after(INSTALL_TIMEOUT):
+        await anyio.run_process([sys.executable, "-m", "venv", str(venv)], env=env)
+        await anyio.run_process([str(venv / "bin" / "pip"), "install", "--quiet", str(wheel)], env=env)
+        version = await anyio.run_process([str(venv / "bin" / "ipybox"), "--version"], env=env, cwd=tmp_path)
+    assert version.stdout.decode() == f"ipybox {ipybox.__version__}\n"
+
+    workspace, server_tmp = tmp_path / "ws", tmp_path / "tmp"
+    workspace.mkdir()
+    server_tmp.mkdir()
+    server = StdioServerParameters(
+        command=str(venv / "bin" / "ipybox"),
+        args=["mcp", "--workspace", str(workspace)],
+        env={"PATH": os.environ["PATH"], "TMPDIR": str(server_tmp)},
+        cwd=str(tmp_path),
+    )
+    with anyio.fail_after(RUN_TIMEOUT):
+        async with Client(server, mode="legacy") as client:
+            assert client.server_info is not None and client.server_info.version == ipybox.__version__
+            code = "import sys, ipybox_kernel; print(sys.prefix, ipybox_kernel.__file__); 6 * 7"
+            result = await client.call_tool("execute_ipython_cell", {"code": code})
+    assert not result.is_error
+    (content,) = result.content
+    assert isinstance(content, types.TextContent)
+    # The kernel runs in the fresh venv on the installed package, not on this checkout.
+    prefix, kernel_package, answer = content.text.split()
+    assert (prefix, answer) == (str(venv), "42")
+    assert kernel_package.startswith(f"{venv}/lib/")
