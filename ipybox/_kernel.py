@@ -52,8 +52,9 @@ from jupyter_client.session import Session
 from zmq.utils.monitor import recv_monitor_message
 
 from ._cgroup import PidsCgroup
-from ._exceptions import KernelDied, KernelStartError
+from ._exceptions import KernelDied, KernelStartError, UsageError
 from ._sandbox import SandboxConfig, bwrap_argv, sandbox_filter_fd
+from ._tooldir import open_tools_dir
 
 __all__ = (
     "Display",
@@ -346,6 +347,7 @@ class Kernel:
         seccomp_fd: int | None = None
         ready_read: int | None = None
         ready_write: int | None = None
+        tools_fd: int | None = None
         try:
             env = dict(env)
             if "HOME" not in env:
@@ -370,6 +372,11 @@ class Kernel:
                 if value is not None:
                     argv += [flag, str(value)]
             if sandbox is not None:
+                if tools_dir is not None:
+                    try:
+                        tools_fd = open_tools_dir(tools_dir)
+                    except UsageError as exc:
+                        raise KernelStartError(str(exc)) from None
                 seccomp_fd = sandbox_filter_fd()
                 ready_read, ready_write = os.pipe()
                 argv += ["--ready-fd", str(ready_write)]
@@ -383,6 +390,7 @@ class Kernel:
                         tmp_size=limits.tmp_bytes,
                         seccomp_fd=seccomp_fd,
                         socket_dir=SANDBOX_SOCKET_DIR,
+                        tools_dir_fd=tools_fd,
                     ),
                     *argv,
                 ]
@@ -420,13 +428,14 @@ class Kernel:
                 env=env,
                 cwd=workspace,
                 start_new_session=True,
-                pass_fds=tuple(fd for fd in (seccomp_fd, ready_write) if fd is not None),
+                pass_fds=tuple(fd for fd in (seccomp_fd, ready_write, tools_fd) if fd is not None),
             )
             # bwrap has its own copies; ours must not leak into later children, and the ready pipe
             # must reach end-of-file when the sandbox exits.
             _close_fd(seccomp_fd)
             _close_fd(ready_write)
-            seccomp_fd = ready_write = None
+            _close_fd(tools_fd)
+            seccomp_fd = ready_write = tools_fd = None
             kernel = cls(process, session, sockets, run_dir, limits)
             failure: KernelStartError | None = None
             try:
@@ -470,7 +479,7 @@ class Kernel:
                 with anyio.CancelScope(shield=True):
                     await process.aclose()
         finally:
-            for fd in (seccomp_fd, ready_read, ready_write):
+            for fd in (seccomp_fd, ready_read, ready_write, tools_fd):
                 _close_fd(fd)
             for socket in sockets.values():
                 socket.close()

@@ -215,11 +215,13 @@ def bwrap_argv(
     tmp_size: int | None = None,
     seccomp_fd: int | None = None,
     socket_dir: str | None = None,
+    tools_dir_fd: int | None = None,
 ) -> list[str]:
     """The bwrap command line that runs a program with the given mounts (the program follows ``--``).
 
     ``seccomp_fd`` is a descriptor the child inherits that yields `syscall_filter` (see
-    `sandbox_filter_fd`). ``socket_dir`` is created in the sandbox's ``/tmp`` for the kernel's
+    `sandbox_filter_fd`). ``tools_dir_fd``, a descriptor of ``tools_dir`` the child inherits, is
+    what gets mounted there when given. ``socket_dir`` is created in the sandbox's ``/tmp`` for the kernel's
     sockets.
     """
     argv = [_bwrap_path(), *_isolation_flags()]
@@ -252,8 +254,12 @@ def bwrap_argv(
     for path in config.rw_paths:
         argv += ["--bind", str(path), str(path)]
     if tools_dir is not None:
-        # Mounted after the workspace, so a tools dir inside the workspace stays read-only.
-        argv += ["--ro-bind", str(tools_dir), str(tools_dir)]
+        # Mounted after the workspace, so a tools dir inside the workspace stays read-only; from a
+        # descriptor where there is one, so that what was checked is what gets mounted.
+        if tools_dir_fd is not None:
+            argv += ["--ro-bind-fd", str(tools_dir_fd), str(tools_dir)]
+        else:
+            argv += ["--ro-bind", str(tools_dir), str(tools_dir)]
     for path in hidden:
         argv += ["--tmpfs", str(path), "--remount-ro", str(path)]
     # The connection file and the empty file above: the kernel reads them, it writes nothing here.

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from ipybox import CodeExecutor
-from ipybox._kernel import SANDBOX_SOCKET_DIR
+from ipybox import CodeExecutor, KernelStartError, Limits, SandboxConfig
+from ipybox._kernel import SANDBOX_SOCKET_DIR, Kernel, default_python
 
 from .conftest import kernel_of, run
 
@@ -193,3 +193,30 @@ print(sorted(os.listdir({SANDBOX_SOCKET_DIR!r})))
     assert all(name.startswith("zmq-") for name in json.loads(result.text.splitlines()[1].replace("'", '"')))
     assert sorted(os.listdir(run_dir)) == before
     await still_works(executor)
+
+
+async def test_a_tools_dir_swapped_for_a_symlink_after_its_check_is_not_mounted(tmp_path: Path) -> None:
+    # The executor checks the tools dir before each start; kernel code of another executor on the
+    # same workspace could swap a directory on its way for a symlink right after. The sandbox
+    # mounts the directory it opened and checked, component by component, not the path again.
+    workspace = tmp_path / "workspace"
+    tools = workspace / "sub" / "mcptools"
+    tools.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere" / "mcptools"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "secret.txt").write_text("host secret")
+    (workspace / "sub").rename(workspace / "moved")
+    (workspace / "sub").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "IPYTHONDIR": "/tmp/.ipython", "JPY_PARENT_PID": "1"}
+    with pytest.raises(KernelStartError, match="changed since it was checked"):
+        async with Kernel.start(
+            python=default_python(),
+            env=env,
+            workspace=workspace,
+            sandbox=SandboxConfig(),
+            tools_dir=tools,
+            hidden=(),
+            limits=Limits(),
+            start_timeout=30,
+        ):
+            pass
