@@ -6,9 +6,11 @@ kernel can read them: the kernel names a server, the host looks its parameters u
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -97,6 +99,7 @@ def parse_server_params(params: Mapping[str, Any] | StdioServer | HttpServer) ->
     if kind is None:
         raise UsageError("server parameters need either 'command' (stdio) or 'url' (HTTP or SSE)")
     data["type"] = _TYPE_ALIASES.get(str(kind), kind)
+    _check_command_line(data)
     try:
         return _server_params.validate_python(data)
     except ValidationError as exc:
@@ -104,6 +107,38 @@ def parse_server_params(params: Mapping[str, Any] | StdioServer | HttpServer) ->
             f"{'.'.join(str(p) for p in err['loc']) or 'params'}: {err['msg']}" for err in exc.errors()
         )
         raise UsageError(f"invalid MCP server parameters: {problems}") from None
+
+
+def _check_command_line(data: Mapping[str, Any]) -> None:
+    """Name the fix for the two common ways of writing a stdio server's command line wrong."""
+    command, args = data.get("command"), data.get("args")
+    if isinstance(args, str):
+        raise UsageError(
+            f"'args' must be a list of strings, got the string {args!r}; write it as {json.dumps(shlex.split(args))}"
+            if _splits(args)
+            else f"'args' must be a list of strings, got the string {args!r}"
+        )
+    if (
+        isinstance(command, str)
+        and not args
+        and _splits(command)
+        and len(shlex.split(command)) > 1
+        and shutil.which(command) is None
+        and not os.path.exists(command)
+    ):
+        program, *rest = shlex.split(command)
+        raise UsageError(
+            f"'command' is a whole command line ({command!r}); the host runs it as one program name. Put the "
+            f"program in 'command' and its arguments in 'args': {json.dumps({'command': program, 'args': rest})}"
+        )
+
+
+def _splits(text: str) -> bool:
+    try:
+        shlex.split(text)
+    except ValueError:
+        return False
+    return True
 
 
 def resolve_placeholders(

@@ -6,6 +6,7 @@ Kept apart from `ipybox.mcp_server` so that ``ipybox --help`` does not import th
 from __future__ import annotations
 
 import argparse
+import difflib
 import ipaddress
 import json
 import os
@@ -124,6 +125,20 @@ def _load_config_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UsageError(f"config file {str(path)!r} must hold a JSON object")
     return cast("dict[str, Any]", data)
+
+
+# The keys a config file may hold, at the top and in "approval"; anything else is a mistake to report.
+_CONFIG_KEYS = ("mcpServers", "approval")
+_APPROVAL_KEYS = ("mode", "allow", "deny", "allowReadOnly")
+
+
+def _check_keys(data: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+    """Refuse keys that would otherwise be ignored without a word (``mcpServer``, ``aproval``)."""
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(map(repr, known))}"
+            raise UsageError(f"unknown key {key!r} in {where}; {hint}")
 
 
 def _servers_from(data: Mapping[str, Any], source: str) -> dict[str, StdioServer | HttpServer]:
@@ -248,11 +263,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if args.config is not None:
         data = _load_config_file(args.config)
         source = f"config file {str(args.config)!r}"
+        _check_keys(data, _CONFIG_KEYS, source)
     servers = _servers_from(data, source)
     policy_raw: object = data.get("approval", {})
     if not isinstance(policy_raw, dict):
         raise UsageError(f"'approval' in {source} must be an object")
     policy = cast("dict[str, object]", policy_raw)
+    _check_keys(policy, _APPROVAL_KEYS, f"'approval' of {source}")
     mode: object = args.approval or policy.get("mode", "ask")
     if mode not in ("ask", "auto", "deny"):
         raise UsageError(f"approval mode in {source} must be 'ask', 'auto' or 'deny', got {mode!r}")

@@ -1,0 +1,67 @@
+"""Configuration mistakes are caught where they are made, with the fix in the message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ipybox import StdioServer, UsageError
+from ipybox._cli import _build_parser
+from ipybox._mcp import parse_server_params
+from ipybox._mcp_config import ServerConfig, config_from_args
+
+
+def load(tmp_path: Path, config: object) -> ServerConfig:
+    path = tmp_path / "ipybox.json"
+    path.write_text(json.dumps(config))
+    args = _build_parser().parse_args(["mcp", "--workspace", str(tmp_path), "--config", str(path)])
+    return config_from_args(args)
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"mcpServer": {}}, "unknown key 'mcpServer' in config file '.*'; did you mean 'mcpServers'\\?"),
+        ({"aproval": {"mode": "auto"}}, "unknown key 'aproval' .*did you mean 'approval'\\?"),
+        ({"approval": {"alow": ["x.*"]}}, "unknown key 'alow' in 'approval' of .*did you mean 'allow'\\?"),
+        ({"servers": {}}, "unknown key 'servers' .*did you mean 'mcpServers'\\?"),
+        ({"tools": {}}, "unknown key 'tools' .*known keys: 'mcpServers', 'approval'"),
+    ],
+)
+def test_an_unknown_or_misspelt_config_key_is_an_error_naming_the_key_it_resembles(
+    tmp_path: Path, config: object, message: str
+) -> None:
+    # Such keys used to be dropped without a word: the server started with no servers or approvals.
+    with pytest.raises(UsageError, match=message):
+        load(tmp_path, config)
+
+
+def test_a_config_file_with_only_known_keys_loads(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        {"mcpServers": {"t": {"command": "python", "args": ["s.py"]}}, "approval": {"mode": "auto", "allow": []}},
+    )
+    assert config.approval == "auto" and set(config.servers) == {"t"}
+
+
+def test_a_whole_command_line_in_command_is_an_error_showing_command_and_args() -> None:
+    # It used to fail only when the server was started, with ENOENT for 'python s.py --port 1'.
+    expected = r'is a whole command line .*\{"command": "python", "args": \["s.py", "--port", "1"\]\}'
+    with pytest.raises(UsageError, match=expected):
+        parse_server_params({"command": "python s.py --port 1"})
+
+
+def test_a_command_that_is_a_path_with_spaces_is_accepted(tmp_path: Path) -> None:
+    program = tmp_path / "my server"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    assert parse_server_params({"command": str(program)}) == StdioServer(command=str(program))
+
+
+def test_args_given_as_a_string_is_an_error_showing_the_list_to_write() -> None:
+    # pydantic's own message was "Input should be a valid tuple".
+    expected = r"'args' must be a list of strings, got the string 's.py -v'; write it as \[\"s.py\", \"-v\"\]"
+    with pytest.raises(UsageError, match=expected):
+        parse_server_params({"command": "python", "args": "s.py -v"})
