@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Generator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from typing import Any
 
 import anyio
 
-from ._approval import ApprovalDecision, ApprovalRequest
+from ._approval import Approval, ApprovalDecision, ApprovalRequest
 from ._exceptions import ExecutionCancelled, ExecutionLost, IpyboxError
 from ._results import CodeExecutionChunk, CodeExecutionResult
 
@@ -38,13 +38,34 @@ class Execution:
       `CodeExecutor.attach`; stop it with `cancel` or bound it with a timeout.
 
     Leaving an ``async for`` early (``break``) only stops consuming; the code runs on.
+
+    A keyed execution is forgotten by its executor once it has ended and its outcome was delivered
+    (an ``await`` returned or raised, or an iteration reached the end), and when it was cancelled
+    after waiting for an approval longer than its ``ttl``; `CodeExecutor.attach` then raises
+    `ExecutionLost`.
     """
 
-    def __init__(self, code: str, *, key: str | None, timeout: float | None) -> None:
+    def __init__(
+        self,
+        code: str,
+        *,
+        key: str | None,
+        timeout: float | None,
+        approval: Approval | None = None,
+        ttl: float | None = None,
+    ) -> None:
         self.id = f"x{next(_ids)}"
         self.code = code
         self.key = key
         self.timeout = timeout
+        self.policy: Approval | None = approval
+        """This execution's approval policy (``execute(approval=...)``); None: the executor's."""
+        self.ttl = ttl
+        """Seconds this execution may wait for an approval decision before it is cancelled."""
+        self.expired = False
+        """True once the execution was cancelled because an approval waited longer than ``ttl``."""
+        # Called once when the outcome has been delivered to a consumer (the executor forgets the key).
+        self._on_consumed: Callable[[Execution], None] | None = None
         self._log: list[ExecutionEvent] = []
         self._changed = anyio.Event()
         self._done = anyio.Event()
@@ -89,6 +110,7 @@ class Execution:
                     yield self._log[index]
                     index += 1
                 if self._done.is_set() and index >= len(self._log):
+                    self._consumed()
                     if self._error is not None:
                         raise self._error
                     return
@@ -129,6 +151,7 @@ class Execution:
             self._awaiting -= 1
             if abandoned:
                 self._abandoned()
+        self._consumed()
         if self._error is not None:
             raise self._error
         assert self._result is not None
@@ -144,6 +167,11 @@ class Execution:
             self._cancel_scope.cancel()
         else:
             self._fail(ExecutionCancelled("the execution was cancelled before it started"))
+
+    def _consumed(self) -> None:
+        callback, self._on_consumed = self._on_consumed, None
+        if callback is not None:
+            callback(self)
 
     def _abandoned(self) -> None:
         """A waiting task was cancelled: cancel an execution nobody can come back to (see the
@@ -180,19 +208,33 @@ class Execution:
     async def _ask(self, request: ApprovalRequest, limit: float | None) -> ApprovalDecision:
         """Surface ``request`` as an event and wait for the application's decision.
 
-        The execution's timeout clock stands still meanwhile.
+        The execution's timeout clock stands still meanwhile. Past ``limit`` the call is rejected
+        and the code goes on; past the execution's ``ttl`` the whole execution is cancelled.
         """
         self._emit(request)
         self._pending += 1
         self._pending_changed.set()
         self._pending_changed = anyio.Event()
+        ttl = math.inf if self.ttl is None else self.ttl
+        wait = math.inf if limit is None else limit
         try:
             self._reject_unanswerable()
-            with anyio.move_on_after(math.inf if limit is None else limit):
+            with anyio.move_on_after(min(wait, ttl)):
                 return await request.wait()
-            request.decide(
-                ApprovalDecision(approved=False, reason=f"no approval decision within {limit:g} s", by="timeout")
-            )
+            if ttl <= wait:
+                self.expired = True
+                request.decide(
+                    ApprovalDecision(
+                        approved=False,
+                        reason=f"nobody answered within the execution's ttl of {ttl:g} s; it was cancelled",
+                        by="timeout",
+                    )
+                )
+                self.cancel()
+            else:
+                request.decide(
+                    ApprovalDecision(approved=False, reason=f"no approval decision within {limit:g} s", by="timeout")
+                )
             return await request.wait()
         finally:
             self._pending -= 1

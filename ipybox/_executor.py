@@ -17,6 +17,7 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections import OrderedDict
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -86,6 +87,9 @@ _STRAY_CALL = (
 _TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
 # The executor's private directory that holds only a link to the tools directory, for PYTHONPATH.
 _IMPORT_ROOT = "imports"
+# How many keys of released executions are remembered, so that starting one of them again is refused
+# (the code must never run twice for one key) while memory stays bounded over any number of keys.
+_RELEASED_KEYS = 4096
 
 
 class CodeExecutor:
@@ -174,6 +178,8 @@ class CodeExecutor:
         # Whether a caller has been given _start_error; the next caller then gets a fresh attempt.
         self._start_error_reported = False
         self._by_key: dict[str, Execution] = {}
+        # Keys of executions that ended and were forgotten, oldest first: key -> why.
+        self._released: OrderedDict[str, str] = OrderedDict()
         self._current: Execution | None = None
         # The kernel's id for the running execution, which its tool calls must carry.
         self._current_msg_id: str | None = None
@@ -450,7 +456,15 @@ class CodeExecutor:
 
     # -- executions ---------------------------------------------------------------------
 
-    def execute(self, code: str, *, timeout: float | None = None, key: str | None = None) -> Execution:
+    def execute(
+        self,
+        code: str,
+        *,
+        timeout: float | None = None,
+        key: str | None = None,
+        approval: Approval | None = None,
+        ttl: float | None = None,
+    ) -> Execution:
         """Start running ``code`` in the kernel and return its `Execution` at once.
 
         Executions run one at a time, in the order they were started. ``await`` the execution for
@@ -464,25 +478,46 @@ class CodeExecutor:
             key: Makes starting idempotent: while this executor runs, the same key returns the same
                 execution, and the code runs once. A keyed execution also outlives the cancellation
                 of the task awaiting it (re-attach with `attach`); one without a key is cancelled
-                when the last task awaiting or iterating it is cancelled (see `Execution`).
+                when the last task awaiting or iterating it is cancelled (see `Execution`). Once it
+                has ended and its outcome was delivered, the executor forgets it: `attach` and
+                starting the key again raise `ExecutionLost`.
+            approval: This execution's approval policy, instead of the executor's (same values
+                as ``CodeExecutor(approval=...)``).
+            ttl: Seconds the execution may wait for one approval decision; then it is cancelled
+                (`ExecutionCancelled`, with ``execution.expired`` set), its key is forgotten and
+                `attach` raises `ExecutionLost`. None: it waits as long as the approval timeout
+                allows.
 
         Raises:
-            UsageError: ``code`` is not a string, the timeout is not positive, or ``key`` was used
-                for different code.
+            UsageError: ``code`` is not a string, a timeout is not positive, the approval policy is
+                not valid, or ``key`` was used for different code.
+            ExecutionLost: ``key`` belongs to an execution that already ended and was forgotten.
         """
         tg = self._require_running()
         if not isinstance(code, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"code must be a str, got {type(code).__name__}")
         _check_timeout(timeout)
+        _check_timeout(ttl)
+        if approval is not None:
+            check_approval(approval)
         if key is not None:
             existing = self._by_key.get(key)
             if existing is not None:
                 if existing.code != code:
                     raise UsageError(f"execution key {key!r} was already used for different code")
                 return existing
-        execution = Execution(code, key=key, timeout=timeout if timeout is not None else self.timeout)
+            if key in self._released:
+                raise ExecutionLost(f"the execution with key {key!r} {self._released[key]}; it is not run again")
+        execution = Execution(
+            code,
+            key=key,
+            timeout=timeout if timeout is not None else self.timeout,
+            approval=approval,
+            ttl=ttl,
+        )
         if key is not None:
             self._by_key[key] = execution
+            execution._on_consumed = self._release
         tg.start_soon(self._drive, execution)
         return execution
 
@@ -490,15 +525,28 @@ class CodeExecutor:
         """The execution started with this key.
 
         Raises:
-            ExecutionLost: No execution with this key is known to this executor.
+            ExecutionLost: No execution with this key is known to this executor (any more).
         """
         try:
             return self._by_key[key]
         except KeyError:
+            why = self._released.get(key)
+            if why is not None:
+                raise ExecutionLost(f"the execution with key {key!r} {why}; it is not run again") from None
             raise ExecutionLost(
                 f"no execution with key {key!r} in this executor (it was never started here, or the "
                 "executor was restarted); it is not run again automatically"
             ) from None
+
+    def _release(self, execution: Execution, why: str = "ended and its outcome was already delivered") -> None:
+        """Forget a keyed execution, remembering only its key (within `_RELEASED_KEYS`)."""
+        key = execution.key
+        if key is None or self._by_key.get(key) is not execution:
+            return
+        del self._by_key[key]
+        self._released[key] = why
+        while len(self._released) > _RELEASED_KEYS:
+            self._released.popitem(last=False)
 
     async def _drive(self, execution: Execution) -> None:
         with anyio.CancelScope() as scope:
@@ -563,7 +611,16 @@ class CodeExecutor:
                     await finished.wait()
                 if not finished.is_set():
                     await kernel.kill_and_wait()
-            execution._fail(ExecutionCancelled("the execution was cancelled; the kernel was interrupted"))
+            if execution.expired:
+                execution._fail(
+                    ExecutionCancelled(
+                        f"the execution waited for an approval longer than its ttl of {execution.ttl:g} s and "
+                        "was cancelled; the kernel was interrupted and keeps its state"
+                    )
+                )
+                self._release(execution, f"was cancelled after waiting longer than its ttl of {execution.ttl:g} s")
+            else:
+                execution._fail(ExecutionCancelled("the execution was cancelled; the kernel was interrupted"))
             raise
         duration = anyio.current_time() - start
         text = collector.text()
@@ -625,7 +682,8 @@ class CodeExecutor:
             server=call.server,
             annotations=call.annotations,
         )
-        decision = await decide_by_policy(self.approval, request)
+        policy: Approval = self.approval if execution.policy is None else execution.policy
+        decision = await decide_by_policy(policy, request)
         if decision is None:
             decision = await execution._ask(request, self.approval_timeout)
         else:

@@ -41,8 +41,8 @@ async def test_starting_twice_with_the_same_key_runs_the_code_once(executor: Cod
     first = executor.execute("runs += 1", key="tool-call-1")
     second = executor.execute("runs += 1", key="tool-call-1")
     assert first is second
-    await first
     assert executor.attach("tool-call-1") is first
+    await first
     assert (await executor.execute("runs")).text == "1\n"
 
 

@@ -443,9 +443,10 @@ async def test_a_bad_timeout_is_a_usage_error(executor: CodeExecutor, timeout: o
 
 
 async def test_reusing_a_key_for_different_code_is_a_usage_error(executor: CodeExecutor) -> None:
-    await executor.execute("1", key="k-conflict")
+    first = executor.execute("1", key="k-conflict")
     with pytest.raises(UsageError, match="already used for different code"):
         executor.execute("2", key="k-conflict")
+    await first
 
 
 async def test_executing_outside_the_context_manager_is_a_usage_error(workspace: Path) -> None:

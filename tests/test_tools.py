@@ -20,6 +20,7 @@ from ipybox import (
     CodeExecutionError,
     CodeExecutionResult,
     CodeExecutor,
+    ExecutionCancelled,
     ExecutionLost,
     HttpServer,
     StdioServer,
@@ -442,3 +443,49 @@ async def test_sources_generated_while_the_kernel_runs_are_importable_and_the_ma
         )
         result = await ex.execute(code)
         assert result.text == "Hello, late!\nFalse\n"
+
+
+async def test_an_executions_own_approval_policy_overrides_the_executors(asking: CodeExecutor) -> None:
+    code = "from mcptools.test import greet\nprint(greet.run({'name': 'own'}))"
+    # The executor asks; this execution is approved by its own policy, without an event.
+    events = [event async for event in asking.execute(code, approval="auto")]
+    assert not any(isinstance(event, ApprovalRequest) for event in events)
+    assert (await asking.execute(code, approval="auto")).text == "Hello, own!\n"
+    # And the next execution without one asks again.
+    requests, _ = await collect(asking, code)
+    assert len(requests) == 1
+
+
+async def test_an_execution_paused_longer_than_its_ttl_is_cancelled_and_its_key_lost(asking: CodeExecutor) -> None:
+    await asking.execute("after_ttl = 'kept'")
+    code = "from mcptools.test import greet\ngreet.run({'name': 'ttl'})\nafter_ttl = 'ran on'"
+    execution = asking.execute(code, key="paused-forever", ttl=0.5)
+    with anyio.fail_after(30):
+        async for event in execution.events():
+            if isinstance(event, ApprovalRequest):
+                break  # nobody answers
+        with pytest.raises(ExecutionCancelled, match=r"ttl of 0\.5 s"):
+            await execution
+    assert execution.expired
+    with pytest.raises(ExecutionLost, match="ttl"):
+        asking.attach("paused-forever")
+    with pytest.raises(ExecutionLost, match="not run again"):
+        asking.execute(code, key="paused-forever")
+    assert (await asking.execute("after_ttl")).text == "'kept'\n"
+
+
+async def test_a_keyed_execution_is_released_once_its_outcome_was_delivered(asking: CodeExecutor) -> None:
+    execution = asking.execute("released = 1", key="deliver-once")
+    assert asking.attach("deliver-once") is execution
+    await execution
+    with pytest.raises(ExecutionLost, match="already delivered"):
+        asking.attach("deliver-once")
+    with pytest.raises(ExecutionLost, match="not run again"):
+        asking.execute("released = 1", key="deliver-once")
+    # Iterating to the end delivers too, including an error.
+    failing = asking.execute("raise ValueError('x')", key="deliver-error")
+    with pytest.raises(CodeExecutionError):
+        async for _ in failing:
+            pass
+    with pytest.raises(ExecutionLost):
+        asking.attach("deliver-error")
