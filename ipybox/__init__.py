@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from ._approval import ApprovalRequest as ApprovalRequest
     from ._approval import ApprovalRules as ApprovalRules
     from ._codegen import generate_mcp_sources as generate_mcp_sources
+    from ._config import Limits as Limits
+    from ._config import SandboxConfig as SandboxConfig
+    from ._config import Timeouts as Timeouts
     from ._exceptions import CodeExecutionError as CodeExecutionError
     from ._exceptions import ExecutionCancelled as ExecutionCancelled
     from ._exceptions import ExecutionError as ExecutionError
@@ -27,7 +30,6 @@ if TYPE_CHECKING:
     from ._exceptions import UsageError as UsageError
     from ._execution import Execution as Execution
     from ._executor import CodeExecutor as CodeExecutor
-    from ._kernel import Limits as Limits
     from ._mcp import HttpServer as HttpServer
     from ._mcp import StdioServer as StdioServer
     from ._packages import PackageInstallError as PackageInstallError
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
     from ._results import CodeExecutionResult as CodeExecutionResult
     from ._results import Image as Image
     from ._results import Output as Output
-    from ._sandbox import SandboxConfig as SandboxConfig
     from ._stubs import render_tool_stubs as render_tool_stubs
 
     __version__: str
@@ -66,11 +67,12 @@ _LAZY = {
     "KernelDied": "._exceptions",
     "KernelError": "._exceptions",
     "KernelStartError": "._exceptions",
-    "Limits": "._kernel",
+    "Limits": "._config",
     "MCPServerError": "._exceptions",
     "Output": "._results",
     "PackageInstallError": "._packages",
-    "SandboxConfig": "._sandbox",
+    "SandboxConfig": "._config",
+    "Timeouts": "._config",
     "SandboxUnavailable": "._exceptions",
     "StdioServer": "._mcp",
     "UsageError": "._exceptions",
@@ -107,6 +109,7 @@ __all__ = (
     "SandboxConfig",
     "SandboxUnavailable",
     "StdioServer",
+    "Timeouts",
     "UsageError",
     "generate_mcp_sources",
     "render_tool_stubs",

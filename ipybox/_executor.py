@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import os
 import secrets
 import shutil
@@ -28,6 +27,7 @@ import anyio
 import anyio.abc
 
 from ._approval import Approval, check_approval, decide_by_policy
+from ._config import Limits, SandboxConfig, Timeouts, check_seconds
 from ._events import wait_any
 from ._exceptions import (
     CodeExecutionError,
@@ -46,7 +46,6 @@ from ._kernel import (
     Error,
     Kernel,
     KernelEvent,
-    Limits,
     Reply,
     Stream,
     bytecode_missing,
@@ -57,7 +56,7 @@ from ._manifest import MANIFEST_DIR, load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._packages import install_package
 from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
-from ._sandbox import SandboxConfig, resolve_sandbox
+from ._sandbox import resolve_sandbox
 from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver import ToolCall, ToolCallDenied, ToolServer
 from ._workspace import copy_file, write_file
@@ -66,10 +65,6 @@ __all__ = ("CodeExecutor",)
 
 logger = logging.getLogger(__name__)
 
-# Time a kernel gets to stop the code after an interrupt before it is killed and restarted.
-INTERRUPT_GRACE = 2.0
-# Kernel start-up normally takes 0.5 s; allow for a loaded machine.
-START_TIMEOUT = 30.0
 # Variables the kernel needs from the host's environment; nothing else is passed on.
 _PASSED_ENV = ("LANG", "LC_ALL", "TZ")
 # The tool server's name for ipybox's own tools (package installs from kernel code).
@@ -113,7 +108,7 @@ class CodeExecutor:
             user can).
         env: Environment variables for the kernel.
         limits: Resource limits of the kernel and of one execution's output.
-        timeout: Default execution timeout in seconds (None: no timeout).
+        timeouts: How long executions, approvals, tool calls and kernel starts may take.
         tools_dir: Where `generate_mcp_sources` wrote the typed tool packages (default
             ``mcptools``). Mounted read-only into the sandbox and importable by the kernel
             (``from mcptools.<server> import <tool>``); the servers it lists are registered.
@@ -124,8 +119,6 @@ class CodeExecutor:
         approval: How tool calls from the kernel are approved: ``"ask"`` (each one becomes an
             `ApprovalRequest` event of the execution, answered by the application), ``"auto"``,
             `ApprovalRules`, or a callback that receives the `ApprovalRequest`.
-        approval_timeout: Seconds to wait for an ``"ask"`` decision before rejecting the call.
-        tool_timeout: Seconds one MCP tool call may take (approval time not counted).
     """
 
     def __init__(
@@ -135,11 +128,9 @@ class CodeExecutor:
         sandbox: SandboxConfig | Literal["auto"] | None = "auto",
         env: Mapping[str, str] | None = None,
         limits: Limits | None = None,
-        timeout: float | None = None,
+        timeouts: Timeouts | None = None,
         tools_dir: Path | str | None = "mcptools",
         approval: Approval = "ask",
-        approval_timeout: float | None = None,
-        tool_timeout: float | None = 300.0,
     ) -> None:
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
@@ -148,9 +139,10 @@ class CodeExecutor:
             for name, value in env.items():
                 if not isinstance(name, str) or not isinstance(value, str):  # pyright: ignore[reportUnnecessaryIsInstance]
                     raise UsageError(f"env must map str to str; {name!r}: {value!r} is not")
-        _check_timeout(timeout)
-        _check_timeout(approval_timeout)
-        _check_timeout(tool_timeout)
+        if timeouts is not None and not isinstance(timeouts, Timeouts):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"timeouts must be a Timeouts, got {timeouts!r}")
+        if limits is not None and not isinstance(limits, Limits):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"limits must be a Limits, got {limits!r}")
         check_approval(approval)
         self.sandbox = resolve_sandbox(sandbox)
         # As given (made absolute, not resolved): every start checks it again for planted symlinks.
@@ -163,10 +155,8 @@ class CodeExecutor:
             if self.tools_dir.parent == self.tools_dir:
                 raise UsageError("tools_dir cannot be the filesystem root")
         self.approval: Approval = approval
-        self.approval_timeout = approval_timeout
-        self.tool_timeout = tool_timeout
         self.limits = limits or Limits()
-        self.timeout = timeout
+        self.timeouts = timeouts or Timeouts()
         self._env = dict(env or {})
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -215,7 +205,7 @@ class CodeExecutor:
             socket_path=self._home / "tools.sock",
             token=self._token,
             gate=self._gate,
-            call_timeout=self.tool_timeout,
+            call_timeout=self.timeouts.tool,
         )
         self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
         self._prepare_tools_dir()
@@ -342,7 +332,7 @@ class CodeExecutor:
                     tools_dir=self._mounted_tools_dir(),
                     hidden=self._hidden_paths(),
                     limits=self.limits,
-                    start_timeout=START_TIMEOUT,
+                    start_timeout=self.timeouts.start,
                 ) as kernel:
                     self._set_kernel(kernel)
                     self._start_error = None
@@ -473,8 +463,8 @@ class CodeExecutor:
         Args:
             code: Python source; IPython syntax (magics, top-level ``await``) works.
             timeout: Seconds the code may run (not counting approval waits); defaults to the
-                executor's ``timeout``. When it runs out the kernel is interrupted, and restarted
-                if it does not stop within `INTERRUPT_GRACE` seconds.
+                executor's ``timeouts.execution``. When it runs out the kernel is interrupted, and
+                restarted if it does not stop within ``timeouts.interrupt_grace`` seconds.
             key: Makes starting idempotent: while this executor runs, the same key returns the same
                 execution, and the code runs once. A keyed execution also outlives the cancellation
                 of the task awaiting it (re-attach with `attach`); one without a key is cancelled
@@ -496,8 +486,8 @@ class CodeExecutor:
         tg = self._require_running()
         if not isinstance(code, str):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"code must be a str, got {type(code).__name__}")
-        _check_timeout(timeout)
-        _check_timeout(ttl)
+        check_seconds(timeout, "timeout")
+        check_seconds(ttl, "ttl")
         if approval is not None:
             check_approval(approval)
         if key is not None:
@@ -511,7 +501,7 @@ class CodeExecutor:
         execution = Execution(
             code,
             key=key,
-            timeout=timeout if timeout is not None else self.timeout,
+            timeout=timeout if timeout is not None else self.timeouts.execution,
             approval=approval,
             ttl=ttl,
         )
@@ -597,7 +587,7 @@ class CodeExecutor:
                     timed_out = not await _wait_budget(finished, execution)
                     if timed_out:
                         kernel.interrupt()
-                        with anyio.move_on_after(INTERRUPT_GRACE):
+                        with anyio.move_on_after(self.timeouts.interrupt_grace):
                             await finished.wait()
                         if not finished.is_set():
                             restarted = True
@@ -607,7 +597,7 @@ class CodeExecutor:
             # Cancelled by Execution.cancel() or executor shutdown: stop the code, keep the kernel.
             with anyio.CancelScope(shield=True):
                 kernel.interrupt()
-                with anyio.move_on_after(INTERRUPT_GRACE):
+                with anyio.move_on_after(self.timeouts.interrupt_grace):
                     await finished.wait()
                 if not finished.is_set():
                     await kernel.kill_and_wait()
@@ -685,7 +675,7 @@ class CodeExecutor:
         policy: Approval = self.approval if execution.policy is None else execution.policy
         decision = await decide_by_policy(policy, request)
         if decision is None:
-            decision = await execution._ask(request, self.approval_timeout)
+            decision = await execution._ask(request, self.timeouts.approval)
         else:
             request.decide(decision)
         if not decision.approved:
@@ -736,14 +726,6 @@ def _check_bytecode() -> None:
             "compiles it again (~0.3 s). Install with bytecode: pip does by default, uv needs "
             "'--compile-bytecode' (or UV_COMPILE_BYTECODE=1); or run 'python -m compileall' on site-packages."
         )
-
-
-def _check_timeout(timeout: object) -> None:
-    if timeout is None:
-        return
-    number = isinstance(timeout, int | float) and not isinstance(timeout, bool)
-    if not (number and timeout > 0 and math.isfinite(timeout)):  # type: ignore[operator]
-        raise UsageError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
 
 
 async def _wait_budget(finished: anyio.Event, execution: Execution) -> bool:

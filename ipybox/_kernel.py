@@ -52,8 +52,9 @@ from jupyter_client.session import Session
 from zmq.utils.monitor import recv_monitor_message
 
 from ._cgroup import PidsCgroup
+from ._config import Limits, SandboxConfig
 from ._exceptions import KernelDied, KernelStartError, UsageError
-from ._sandbox import SandboxConfig, bwrap_argv, sandbox_filter_fd
+from ._sandbox import bwrap_argv, sandbox_filter_fd
 from ._tooldir import open_tools_dir
 
 __all__ = (
@@ -62,7 +63,6 @@ __all__ = (
     "Error",
     "Kernel",
     "KernelEvent",
-    "Limits",
     "Reply",
     "Stream",
 )
@@ -116,30 +116,6 @@ _READ_TYPES = _OUTPUT_TYPES | {"error", "execute_reply", "status", "kernel_info_
 _DELIMITER = b"<IDS|MSG>"
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Limits:
-    """Resource limits of the kernel process and of what one execution may return.
-
-    Attributes:
-        memory: Address-space limit in bytes (RLIMIT_AS); allocations beyond it raise MemoryError.
-        cpu_seconds: CPU time the kernel may use over its lifetime (RLIMIT_CPU); past it, it dies.
-        open_files: Open file descriptors (RLIMIT_NOFILE).
-        output_chars: Characters of output one execution may return; the rest is dropped and
-            counted in ``CodeExecutionResult.truncated_chars``.
-        tmp_bytes: Size of the sandbox's private ``/tmp`` and ``/dev/shm`` each (they live in host
-            memory).
-        processes: Processes and threads the kernel may have at once (a fork bomb stops there).
-            Enforced with a pids cgroup where the host has a writable pids controller; see SECURITY.md.
-    """
-
-    memory: int | None = 4 * 1024**3
-    cpu_seconds: int | None = None
-    open_files: int | None = 1024
-    output_chars: int = 1_000_000
-    tmp_bytes: int | None = 1024**3
-    processes: int | None = 512
 
 
 @dataclass(frozen=True, slots=True)

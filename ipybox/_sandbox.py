@@ -15,14 +15,14 @@ import stat
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ._config import SandboxConfig
 from ._exceptions import SandboxUnavailable, UsageError
 from ._seccomp import filter_pipe, syscall_filter
 
-__all__ = ("SandboxConfig", "bwrap_argv", "resolve_sandbox", "sandbox_filter_fd")
+__all__ = ("bwrap_argv", "resolve_sandbox", "sandbox_filter_fd")
 
 # Secrets under /etc that are world-readable on some systems; masked whatever their mode.
 _ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "security/opasswd")
@@ -33,28 +33,6 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _PROC_HOST_WIDE = ("sys", "sysrq-trigger", "pressure", "irq", "bus", "fs", "acpi", "scsi", "driver", "tty")
 # How long the one-off probe of bwrap may take before we call it broken.
 _PROBE_TIMEOUT = 10.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class SandboxConfig:
-    """How the kernel is sandboxed.
-
-    Attributes:
-        backend: The sandbox implementation; ``"bwrap"`` (bubblewrap) is the one on Linux.
-        ro_paths: Extra host paths the kernel may read (mounted read-only at the same path).
-        rw_paths: Extra host paths the kernel may write (mounted read-write at the same path).
-    """
-
-    backend: Literal["bwrap"] = "bwrap"
-    ro_paths: Sequence[Path | str] = field(default=())
-    rw_paths: Sequence[Path | str] = field(default=())
-
-    def __post_init__(self) -> None:
-        for path in (*self.ro_paths, *self.rw_paths):
-            if not Path(path).is_absolute():
-                raise UsageError(f"sandbox paths must be absolute, got {str(path)!r}")
-            if not Path(path).exists():
-                raise UsageError(f"sandbox path {str(path)!r} does not exist; create it or remove it")
 
 
 def resolve_sandbox(sandbox: SandboxConfig | Literal["auto"] | None) -> SandboxConfig | None:

@@ -54,6 +54,7 @@ from pydantic import BaseModel, Field
 from . import __version__
 from ._approval import ApprovalDecision, ApprovalRequest, ApprovalRules
 from ._codegen import generate_mcp_sources
+from ._config import Limits, SandboxConfig, Timeouts
 from ._events import wait_any
 from ._exceptions import (
     CodeExecutionError,
@@ -64,11 +65,9 @@ from ._exceptions import (
     UsageError,
 )
 from ._executor import CodeExecutor
-from ._kernel import Limits
 from ._mcp import HttpServer, StdioServer, describe_server, parse_server_params
 from ._mcp_config import ServerConfig, add_arguments, bearer_token, check_exposure, config_from_args
 from ._results import CodeExecutionResult
-from ._sandbox import SandboxConfig
 from ._stubs import render_tool_stubs
 from ._workspace import read_file, write_file
 
@@ -193,10 +192,9 @@ class _Session:
             sandbox=sandbox,
             env=config.env,
             limits=Limits(memory=config.memory),
-            timeout=config.timeout,
+            timeouts=Timeouts(execution=config.timeout, approval=config.approval_timeout),
             tools_dir=self.tools_dir,
             approval=self._approve,
-            approval_timeout=config.approval_timeout,
         )
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:

@@ -19,9 +19,12 @@ from ipybox import (
     KernelDied,
     KernelStartError,
     Limits,
+    Timeouts,
     UsageError,
 )
-from ipybox._executor import DOWNLOAD_LIMIT, INTERRUPT_GRACE
+from ipybox._executor import DOWNLOAD_LIMIT
+
+INTERRUPT_GRACE = Timeouts().interrupt_grace
 
 pytestmark = pytest.mark.anyio
 

@@ -24,6 +24,7 @@ from ipybox import (
     ExecutionLost,
     HttpServer,
     StdioServer,
+    Timeouts,
     UsageError,
     generate_mcp_sources,
 )
@@ -268,7 +269,7 @@ async def test_waiting_for_approval_does_not_count_against_the_execution_timeout
 
 
 async def test_an_approval_timeout_rejects_with_a_reason(tools_dir: Path, workspace: Path) -> None:
-    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, approval_timeout=0.5) as ex:
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, timeouts=Timeouts(approval=0.5)) as ex:
         code = (
             "from ipybox_kernel import ToolCallRejected\nfrom mcptools.test import greet\n"
             "try:\n    greet.run({'name': 'x'})\nexcept ToolCallRejected as e:\n    print(e.reason)"

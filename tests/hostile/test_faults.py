@@ -29,6 +29,7 @@ from ipybox import (
     KernelDied,
     KernelStartError,
     StdioServer,
+    Timeouts,
 )
 
 from .conftest import FAULTY_SERVER, descendants, kernel_of, run, run_dirs, wait_until_gone
@@ -99,7 +100,9 @@ async def test_a_non_json_line_from_the_server_does_not_break_the_call_or_the_se
 
 async def test_a_hung_mcp_server_times_out_and_the_next_call_gets_a_working_server(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
-    async with CodeExecutor(workspace=tmp_path, tools_dir=None, approval="auto", tool_timeout=HUNG_TOOL_TIMEOUT) as ex:
+    async with CodeExecutor(
+        workspace=tmp_path, tools_dir=None, approval="auto", timeouts=Timeouts(tool=HUNG_TOOL_TIMEOUT)
+    ) as ex:
         ex.register_mcp_server("faulty", faulty(pid_file))
         dirs = run_dirs(ex)
         with anyio.fail_after(60):

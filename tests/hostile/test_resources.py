@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox import CodeExecutor, ExecutionTimeout, KernelDied, Limits
+from ipybox import CodeExecutor, ExecutionTimeout, KernelDied, Limits, Timeouts
 from ipybox._cgroup import pids_cgroups_available
 
 from .conftest import descendants, kernel_of, run, wait_until_gone
@@ -60,7 +60,7 @@ def fork_bomb(ceiling: int) -> str:
 
 
 async def test_a_fork_bomb_dies_with_the_kernel_and_leaves_no_process_behind(workspace: Path) -> None:
-    async with CodeExecutor(workspace=workspace, tools_dir=None, timeout=60) as ex:
+    async with CodeExecutor(workspace=workspace, tools_dir=None, timeouts=Timeouts(execution=60)) as ex:
         sandbox = kernel_of(ex).pid
         result = await run(ex, fork_bomb(FORK_BOMB_CEILING))
         forked = int(result.text.split()[0])
@@ -77,7 +77,7 @@ async def test_a_fork_bomb_dies_with_the_kernel_and_leaves_no_process_behind(wor
 )
 async def test_the_sandbox_bounds_the_number_of_processes_a_kernel_can_create(workspace: Path) -> None:
     limits = Limits(processes=REASONABLE_PROCESS_LIMIT // 2)
-    async with CodeExecutor(workspace=workspace, tools_dir=None, timeout=60, limits=limits) as ex:
+    async with CodeExecutor(workspace=workspace, tools_dir=None, timeouts=Timeouts(execution=60), limits=limits) as ex:
         result = await run(ex, fork_bomb(FORK_BOMB_CEILING))
         await ex.reset()
         assert int(result.text.split()[0]) < REASONABLE_PROCESS_LIMIT, result.text

@@ -1,0 +1,102 @@
+"""How an executor is configured: its timeouts, its resource limits and its sandbox.
+
+Every default is written here once; `CodeExecutor` and the MCP server's configuration take these
+objects (or their defaults) rather than declaring their own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Literal
+
+from ._exceptions import UsageError
+
+__all__ = ("Limits", "SandboxConfig", "Timeouts", "check_seconds")
+
+
+def check_seconds(value: object, what: str) -> None:
+    """Raises UsageError unless ``value`` is None or a positive, finite number of seconds."""
+    if value is None:
+        return
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (number and value > 0 and math.isfinite(value)):  # type: ignore[operator]
+        raise UsageError(f"{what} must be a positive number of seconds or None, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    """How long things may take, in seconds (None: no limit).
+
+    Attributes:
+        execution: Default time one code action may run, not counting approval waits
+            (`CodeExecutor.execute` can set its own). When it runs out the kernel is interrupted.
+        approval: Time an ``"ask"`` approval waits for the application's decision before the call
+            is rejected (the code goes on and sees `ToolCallRejected`).
+        tool: Time one MCP tool call may take once approved.
+        start: Time a kernel may take to become ready (normally ~0.5 s; this allows for a loaded
+            machine).
+        interrupt_grace: Time an interrupted kernel gets to stop the code before it is killed and
+            restarted (its state is then lost).
+    """
+
+    execution: float | None = None
+    approval: float | None = None
+    tool: float | None = 300.0
+    start: float = 30.0
+    interrupt_grace: float = 2.0
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            check_seconds(getattr(self, item.name), f"Timeouts.{item.name}")
+        for name in ("start", "interrupt_grace"):
+            if getattr(self, name) is None:
+                raise UsageError(f"Timeouts.{name} must be a positive number of seconds, not None")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Resource limits of the kernel process and of what one execution may return.
+
+    Attributes:
+        memory: Address-space limit in bytes (RLIMIT_AS); allocations beyond it raise MemoryError.
+        cpu_seconds: CPU time the kernel may use over its lifetime (RLIMIT_CPU); past it, it dies.
+        open_files: Open file descriptors (RLIMIT_NOFILE).
+        output_chars: Characters of output one execution may return; the rest is dropped and
+            counted in ``CodeExecutionResult.truncated_chars``.
+        tmp_bytes: Size of the sandbox's private ``/tmp`` and ``/dev/shm`` each (they live in host
+            memory).
+        processes: Processes and threads the kernel may have at once (a fork bomb stops there).
+            Enforced with a pids cgroup where the host has a writable pids controller; see SECURITY.md.
+    """
+
+    memory: int | None = 4 * 1024**3
+    cpu_seconds: int | None = None
+    open_files: int | None = 1024
+    output_chars: int = 1_000_000
+    tmp_bytes: int | None = 1024**3
+    processes: int | None = 512
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxConfig:
+    """How the kernel is sandboxed.
+
+    Attributes:
+        backend: The sandbox implementation; ``"bwrap"`` (bubblewrap) is the one on Linux.
+        ro_paths: Extra host paths the kernel may read (mounted read-only at the same path).
+        rw_paths: Extra host paths the kernel may write (mounted read-write at the same path).
+    """
+
+    backend: Literal["bwrap"] = "bwrap"
+    ro_paths: Sequence[Path | str] = field(default=())
+    rw_paths: Sequence[Path | str] = field(default=())
+
+    def __post_init__(self) -> None:
+        for path in (*self.ro_paths, *self.rw_paths):
+            if not Path(path).is_absolute():
+                raise UsageError(f"sandbox paths must be absolute, got {str(path)!r}")
+            if not Path(path).exists():
+                raise UsageError(f"sandbox path {str(path)!r} does not exist; create it or remove it")
