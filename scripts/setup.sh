@@ -20,7 +20,7 @@ fi
 
 # Bytecode is compiled now because the sandboxed kernel sees the venv read-only and would otherwise
 # compile IPython & co. from source on every start (~0.3 s each time).
-python3 -m uv sync --frozen --quiet --compile-bytecode
+python3 -m uv sync --frozen --quiet --compile-bytecode --all-extras
 .venv/bin/python -m compileall -q ipybox_kernel >/dev/null
 
 if [ -f package-lock.json ]; then

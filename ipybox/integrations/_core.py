@@ -1,0 +1,305 @@
+"""What the framework adapters share: the tool's text for the model, approval payloads and decisions,
+starting or re-attaching a code action by key, replaying its events, and its outcome.
+
+Every adapter turns one framework tool call into one keyed `Execution` and maps that execution's
+`ApprovalRequest` events onto the framework's own human-in-the-loop mechanism. The frameworks pause a
+run by ending it (an interrupt, a deferred call) and resume by calling the tool again from the top,
+so a tool body runs once per approval. The code must run once in total: the adapter re-attaches to the
+paused execution by its key and walks its event log again, feeding stored decisions back (answering is
+idempotent) and not repeating progress already shown.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from ipybox import (
+    Approval,
+    ApprovalRequest,
+    CodeExecutionChunk,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    Execution,
+    ExecutionError,
+    ExecutionLost,
+    Image,
+    IpyboxError,
+    KernelError,
+    UsageError,
+    render_tool_stubs,
+)
+
+__all__ = (
+    "DEFAULT_TTL",
+    "TOOL_NAME",
+    "ActionOutcome",
+    "ApprovalPayload",
+    "Decision",
+    "drive",
+    "start_or_attach",
+    "tool_instructions",
+)
+
+TOOL_NAME = "execute_code"
+# How long an adapter keeps a code action paused at an approval nobody answers: long enough for a
+# person to come back to a chat, short enough that abandoned runs free their kernel the same day.
+DEFAULT_TTL = 3600.0
+# Keys of code actions this process started, kept to tell a resumed tool call whose execution is gone
+# (its executor was replaced) from a first call. Bounded: only keys are kept, oldest dropped first.
+_STARTED_KEYS = 10_000
+
+_GUIDE = """\
+Run Python code in a stateful, sandboxed IPython kernel. Variables, imports and functions persist \
+between calls; the workspace directory is the only writable place and there is no network. Print what \
+you need to see: only printed output, the last expression's value and displayed images come back. \
+Magics and top-level `await` work.{tools}"""
+
+_TOOLS_GUIDE = """ Call the tools below from the code through their generated modules \
+(`from mcptools.<server> import <tool>`, then `<tool>.run(<tool>.Params(...))`, or \
+`await <tool>.arun(...)` to run several at once with asyncio.gather). Each call may wait for a \
+person's approval; a refused call raises `ipybox_kernel.ToolCallRejected`, which the code can \
+catch. Process tool results in Python and print only what matters.
+
+{stubs}"""
+
+
+def tool_instructions(tools_dir: Path | str | None, *, servers: list[str] | None = None) -> str:
+    """How a model should use the code-action tool, with the typed stubs of the generated MCP tools.
+
+    The same text serves as the tool's description or as part of a system prompt. It changes only
+    when sources are generated again, so it keeps a prompt cache valid between calls.
+
+    Args:
+        tools_dir: Where `generate_mcp_sources` wrote the tool packages (None or a missing or empty
+            directory: the text describes the kernel alone).
+        servers: Only these servers' tools (all when None).
+    """
+    stubs = ""
+    if tools_dir is not None and Path(tools_dir).is_dir():
+        stubs = render_tool_stubs(tools_dir, servers=servers).strip()
+    return _GUIDE.format(tools=_TOOLS_GUIDE.format(stubs=stubs) if stubs else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApprovalPayload:
+    """A JSON-ready view of one `ApprovalRequest`, the value a framework's interrupt carries."""
+
+    request_id: str
+    """Stable id of the request, ``"<execution id>:<n>"``; echoed back with the decision."""
+    server: str
+    tool: str
+    args: Mapping[str, Any]
+    description: str
+    """Says what will run: the tool, and the command line or URL the host runs for its server."""
+    annotations: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, request: ApprovalRequest) -> ApprovalPayload:
+        return cls(
+            request_id=request.id,
+            server=request.server_name,
+            tool=request.tool_name,
+            args=request.tool_args,
+            description=f"MCP tool call {request}, run by the host through: {request.server}",
+            annotations=request.annotations,
+        )
+
+    @property
+    def name(self) -> str:
+        """``"server.tool"``."""
+        return f"{self.server}.{self.tool}"
+
+    @property
+    def call_name(self) -> str:
+        """``"server__tool"``: the MCP call as a tool name a framework accepts (no dots)."""
+        return f"{self.server}__{self.tool}"
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data (lists, dicts, strings, numbers): checkpointers and UIs can store it."""
+        data: dict[str, Any] = {
+            "request_id": self.request_id,
+            "name": self.name,
+            "server": self.server,
+            "tool": self.tool,
+            "args": _plain(self.args),
+            "description": self.description,
+        }
+        if self.annotations:
+            data["annotations"] = _plain(self.annotations)
+        return data
+
+
+def _plain(value: Any) -> Any:
+    """A deep copy of JSON-like data with plain dicts and lists (request args are read-only views)."""
+    if isinstance(value, Mapping):
+        items = cast("Mapping[object, Any]", value).items()
+        return {str(k): _plain(v) for k, v in items}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in cast("list[Any] | tuple[Any, ...]", value)]
+    return value
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An application's answer to one approval request."""
+
+    approved: bool
+    message: str | None = None
+    """Why it was rejected; the code sees it as ``ToolCallRejected.reason``."""
+    request_id: str | None = None
+    """The request this answers, when the answer says so; a mismatch means the execution was lost."""
+
+    @classmethod
+    def approve(cls) -> Decision:
+        return cls(approved=True)
+
+    @classmethod
+    def reject(cls, message: str | None = None) -> Decision:
+        return cls(approved=False, message=message)
+
+    @classmethod
+    def parse(cls, value: object) -> Decision:
+        """Read a resume value: a `Decision`, a bool, or a dict ``{"type": "approve"}`` /
+        ``{"type": "reject", "message": "..."}`` (optionally with ``"request_id"``).
+
+        Raises:
+            UsageError: Anything else; the message shows the accepted shapes.
+        """
+        if isinstance(value, Decision):
+            return value
+        if isinstance(value, bool):
+            return cls(approved=value)
+        if isinstance(value, Mapping):
+            data: Mapping[str, object] = value  # pyright: ignore[reportUnknownVariableType]
+            kind, message, request_id = data.get("type"), data.get("message"), data.get("request_id")
+            unknown = set(data) - {"type", "message", "request_id"}
+            if (
+                kind in ("approve", "reject")
+                and not unknown
+                and (message is None or isinstance(message, str))
+                and (request_id is None or isinstance(request_id, str))
+            ):
+                if kind == "approve" and message is not None:
+                    raise UsageError("an approval decision {'type': 'approve'} takes no 'message'")
+                return cls(approved=kind == "approve", message=message, request_id=request_id)
+        raise UsageError(
+            f"cannot read {value!r} as an approval decision; resume with {{'type': 'approve'}} or "
+            "{'type': 'reject', 'message': 'why'} (an optional 'request_id' must be the request's id)"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionOutcome:
+    """How a code action ended, in the terms a tool result needs."""
+
+    text: str
+    """The output, or for a failure the output followed by what went wrong (a clean traceback)."""
+    images: tuple[Image, ...] = ()
+    error: IpyboxError | None = None
+    """None when the code completed; `CodeExecutionError` when it raised; `ExecutionLost` when the
+    execution is gone and nothing was re-run; another `ExecutionError` when it timed out or was
+    cancelled."""
+    result: CodeExecutionResult | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    @classmethod
+    def lost(cls, error: ExecutionLost) -> ActionOutcome:
+        return cls(text=f"execution lost, nothing was re-run: {error}", error=error)
+
+
+# The process's record of keys it has started, by any executor: a key found here but unknown to the
+# executor belongs to an execution that is gone, and must not start again.
+_started: OrderedDict[str, None] = OrderedDict()
+# Per execution, how many of its events were already passed to a progress callback.
+_shown: weakref.WeakKeyDictionary[Execution, int] = weakref.WeakKeyDictionary()
+
+
+def start_or_attach(
+    executor: CodeExecutor,
+    key: str,
+    code: str,
+    *,
+    approval: Approval | None = None,
+    ttl: float | None = DEFAULT_TTL,
+    timeout: float | None = None,
+) -> Execution:
+    """The execution of this tool call: the paused one when the framework calls the tool again,
+    else a new one.
+
+    Raises:
+        ExecutionLost: The key was started in this process but its execution is gone (the executor
+            was replaced, or the execution expired or was already delivered); nothing is run.
+    """
+    try:
+        return executor.attach(key)
+    except ExecutionLost:
+        if key in _started:
+            raise
+    execution = executor.execute(code, key=key, approval=approval, ttl=ttl, timeout=timeout)
+    _started[key] = None
+    while len(_started) > _STARTED_KEYS:
+        _started.popitem(last=False)
+    return execution
+
+
+Decide = Callable[[ApprovalRequest, ApprovalPayload], Awaitable[Decision]]
+"""An adapter's way to get a decision: ask the framework (which may end the run by raising its
+interrupt exception, leaving the execution paused) or the application."""
+
+
+async def drive(
+    execution: Execution,
+    decide: Decide,
+    *,
+    on_output: Callable[[CodeExecutionChunk], Awaitable[None]] | None = None,
+    replay: Literal["undecided", "all"] = "undecided",
+) -> ActionOutcome:
+    """Walk the execution's events from the start until it ends, getting decisions as needed.
+
+    Args:
+        execution: From `start_or_attach`.
+        decide: Called for approval requests; may raise to leave the execution paused.
+        on_output: Called for output not passed to it in an earlier walk of this execution.
+        replay: ``"undecided"`` asks `decide` only for requests without a decision;
+            ``"all"`` for every request in order (frameworks that match resume values by position,
+            like LangGraph), whose answer is then applied only if the request is still open.
+    """
+    index = 0
+    try:
+        async for event in execution.events():
+            if isinstance(event, ApprovalRequest):
+                if replay == "all" or event.decision is None:
+                    decision = await decide(event, ApprovalPayload.of(event))
+                    if decision.request_id is not None and decision.request_id != event.id:
+                        execution.cancel()
+                        raise ExecutionLost(
+                            f"the decision answers request {decision.request_id!r}, but the execution "
+                            f"waits on {event.id!r}"
+                        )
+                    execution.answer(event.id, decision.approved, decision.message)
+            elif isinstance(event, CodeExecutionChunk) and on_output is not None and index >= _shown.get(execution, 0):
+                _shown[execution] = index + 1
+                await on_output(event)
+            elif isinstance(event, CodeExecutionResult):
+                return ActionOutcome(text=event.text, images=event.images, result=event)
+            index += 1
+    except ExecutionLost as exc:
+        return ActionOutcome.lost(exc)
+    except CodeExecutionError as exc:
+        text = "\n".join(part.strip("\n") for part in (exc.output, exc.traceback) if part.strip())
+        return ActionOutcome(text=text or f"{exc.ename}: {exc.evalue}", error=exc)
+    except (ExecutionError, KernelError) as exc:
+        # A timeout, a cancellation (an expired ttl included), a kernel that died: the model reads what
+        # happened and what the code printed before.
+        output: str = getattr(exc, "output", "")
+        return ActionOutcome(text=f"{output}\n{exc}".strip(), error=exc)
+    raise AssertionError("an execution's events end with its result or its error")

@@ -1,0 +1,181 @@
+"""The adapters' shared core: instructions with stubs, payloads, decisions, re-attach and replay.
+
+Real kernel in the real sandbox, the project's test MCP server; the "framework" here is a decide
+function that ends a tool body the way an interrupt does, by raising.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from ipybox import (
+    ApprovalRequest,
+    CodeExecutionChunk,
+    CodeExecutionError,
+    CodeExecutor,
+    ExecutionLost,
+    UsageError,
+)
+from ipybox.integrations._core import (
+    ActionOutcome,
+    ApprovalPayload,
+    Decision,
+    drive,
+    start_or_attach,
+    tool_instructions,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+class Paused(Exception):
+    """Stands for a framework's interrupt: it ends the tool body and leaves the execution paused."""
+
+
+def interrupting(answers: dict[str, Decision]):
+    """A decide function that answers from ``answers`` by request id, and 'interrupts' otherwise."""
+    asked: list[ApprovalPayload] = []
+
+    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+        asked.append(payload)
+        if request.id in answers:
+            return answers[request.id]
+        raise Paused(payload)
+
+    return decide, asked
+
+
+TWO_CALLS = (
+    "from ipybox_kernel import ToolCallRejected\n"
+    "from mcptools.test import greet, add\n"
+    "open('side_effect.txt', 'a').write('ran\\n')\n"
+    "print('before', flush=True)\n"
+    "print(greet.run({'name': 'a'}), flush=True)\n"
+    "try:\n"
+    "    print(add.run({'a': 1, 'b': 2}))\n"
+    "except ToolCallRejected as e:\n"
+    "    print('rejected:', e.reason)\n"
+)
+
+
+async def test_the_instructions_carry_the_stubs_of_the_generated_tools(tools_dir: Path, tmp_path: Path) -> None:
+    text = tool_instructions(tools_dir)
+    assert "stateful" in text and "ToolCallRejected" in text
+    assert "class greet:" in text and "def run(params: Params)" in text
+    # Without generated tools the text describes the kernel alone.
+    alone = tool_instructions(tmp_path / "missing")
+    assert "mcptools" not in alone and alone.startswith("Run Python code")
+    assert tool_instructions(None) == alone
+
+
+async def test_a_tool_body_run_once_per_approval_runs_the_code_once(
+    executor: CodeExecutor, module_workspace: Path
+) -> None:
+    (module_workspace / "side_effect.txt").unlink(missing_ok=True)
+    answers: dict[str, Decision] = {}
+    shown: list[str] = []
+    runs = 0
+
+    async def show(chunk: CodeExecutionChunk) -> None:
+        shown.append(chunk.text)
+
+    async def tool_body() -> ActionOutcome:
+        nonlocal runs
+        runs += 1
+        execution = start_or_attach(executor, "core:thread-1:call-1", TWO_CALLS, approval="ask")
+        decide, _ = interrupting(answers)
+        return await drive(execution, decide, on_output=show)
+
+    outcome: ActionOutcome | None = None
+    with anyio.fail_after(60):
+        while outcome is None:
+            try:
+                outcome = await tool_body()
+            except Paused as paused:
+                payload: ApprovalPayload = paused.args[0]
+                answers[payload.request_id] = (
+                    Decision.approve() if payload.tool == "greet" else Decision.reject("not now")
+                )
+    assert runs == 3
+    assert outcome.error is None
+    assert outcome.text == "before\nHello, a!\nrejected: not now\n"
+    assert shown == ["before\n", "Hello, a!\n", "rejected: not now\n"]  # nothing shown twice
+    assert (module_workspace / "side_effect.txt").read_text() == "ran\n"
+
+
+async def test_the_payload_is_plain_json_naming_what_the_host_will_run(executor: CodeExecutor) -> None:
+    execution = start_or_attach(executor, "core:payload", "from mcptools.test import greet\ngreet.run({'name': 'p'})")
+    decide, asked = interrupting({})
+    with anyio.fail_after(30), pytest.raises(Paused):
+        await drive(execution, decide)
+    data = asked[0].to_json()
+    assert json.loads(json.dumps(data)) == data
+    assert data["name"] == "test.greet" and data["args"] == {"name": "p"}
+    assert data["request_id"] == f"{execution.id}:1"
+    assert "test_server.py" in data["description"]
+    assert asked[0].call_name == "test__greet"
+    execution.cancel()
+
+
+async def test_a_resume_whose_executor_was_replaced_reports_lost_and_runs_nothing(
+    tools_dir: Path, workspace: Path
+) -> None:
+    code = "open('ran.txt', 'a').write('x')\nfrom mcptools.test import greet\ngreet.run({'name': 'gone'})"
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as first:
+        execution = start_or_attach(first, "core:replaced", code)
+        decide, _ = interrupting({})
+        with anyio.fail_after(30), pytest.raises(Paused):
+            await drive(execution, decide)
+    assert (workspace / "ran.txt").read_text() == "x"
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as second:
+        with pytest.raises(ExecutionLost):
+            start_or_attach(second, "core:replaced", code)
+        assert (await second.execute("import os; os.path.getsize('ran.txt')")).text == "1\n"
+
+
+async def test_a_decision_for_another_request_cancels_and_reports_lost(executor: CodeExecutor) -> None:
+    execution = start_or_attach(executor, "core:mismatch", "from mcptools.test import greet\ngreet.run({'name': 'm'})")
+
+    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+        return Decision(approved=True, request_id="x0:1")
+
+    with anyio.fail_after(30):
+        outcome = await drive(execution, decide)
+    assert isinstance(outcome.error, ExecutionLost)
+    assert outcome.text.startswith("execution lost, nothing was re-run")
+
+
+async def test_a_code_error_becomes_an_outcome_with_the_clean_traceback(executor: CodeExecutor) -> None:
+    execution = start_or_attach(executor, "core:error", "print('partial')\n1 / 0")
+    decide, _ = interrupting({})
+    with anyio.fail_after(30):
+        outcome = await drive(execution, decide)
+    assert isinstance(outcome.error, CodeExecutionError)
+    assert outcome.text.startswith("partial\n") and "ZeroDivisionError" in outcome.text
+    assert "ipybox_kernel" not in outcome.text
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"type": "approve"}, Decision(approved=True)),
+        ({"type": "reject", "message": "no"}, Decision(approved=False, message="no")),
+        ({"type": "reject", "request_id": "x1:2"}, Decision(approved=False, request_id="x1:2")),
+        (True, Decision(approved=True)),
+        (Decision.reject("r"), Decision(approved=False, message="r")),
+    ],
+)
+def test_decisions_are_read_from_the_shapes_people_resume_with(value: object, expected: Decision) -> None:
+    assert Decision.parse(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["approve", {"type": "edit"}, {"type": "reject", "message": 3}, {"type": "approve", "extra": 1}, None]
+)
+def test_anything_else_is_a_usage_error_showing_the_accepted_shapes(value: object) -> None:
+    with pytest.raises(UsageError, match=r"\{'type': 'approve'\}"):
+        Decision.parse(value)
