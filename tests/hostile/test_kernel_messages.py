@@ -122,3 +122,36 @@ async def test_an_exception_larger_than_a_message_may_be_arrives_trimmed(executo
     assert "characters cut" in error.evalue
     assert len(error.evalue) + len(error.traceback) < 2 * OUTPUT_CHARS
     await still_works(executor)
+
+
+# Kernel code: write bytes that are not ZMTP straight into the kernel's accepted connections to the
+# host (the unix sockets named after the kernel's ipc endpoints), past libzmq. 0xff is never a valid
+# frame's flags, and there is enough of it that any header the host reads inside it is one.
+WRITE_GARBAGE = """
+import os, socket
+hit = 0
+for fd in map(int, os.listdir('/proc/self/fd')):
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        continue
+    try:
+        if s.family == socket.AF_UNIX and 'zmq-' in str(s.getsockname()):
+            s.send(b'\\xff' * 4096)
+            hit += 1
+    except OSError:
+        pass  # the listening socket itself
+    finally:
+        s.close()
+print(hit)
+"""
+
+
+async def test_kernel_code_that_writes_garbage_into_its_connections_is_stopped_with_the_reason(
+    executor: CodeExecutor,
+) -> None:
+    with anyio.fail_after(FLOOD_DEADLINE), pytest.raises(KernelDied) as info:
+        await run(executor, WRITE_GARBAGE)
+    assert info.value.reason is not None
+    assert "connection to the host: it sent a frame with flags 0xff" in info.value.reason
+    await still_works(executor)
