@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-from collections import deque
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -43,7 +42,7 @@ from ipybox._sandbox import bwrap_argv, sandbox_filter_fd
 from ipybox._tooldir import open_tools_dir
 
 from ._messages import Dropped, Inbox, KernelEvent, Reply, decode, message_limit, parse
-from ._process import close_fd, sandboxed_kernel_pid
+from ._process import StderrTail, close_fd, launcher_argv, sandboxed_kernel_pid, wait_for_exit
 from ._zmtp import Channel, FrameLimits, ProtocolViolation
 
 __all__ = ("SANDBOX_SOCKET_DIR", "Kernel")
@@ -62,8 +61,6 @@ _MAX_FRAMES = 16
 _CLOSE_GRACE = 2.0
 # A SIGKILLed process is reaped within milliseconds; this only bounds a pathological case.
 _KILL_WAIT = 5.0
-# Bytes of the kernel's raw stderr kept for error messages.
-_STDERR_TAIL = 8192
 # After the sandboxed kernel process exits, bwrap normally follows within milliseconds with the
 # kernel's exit code; past this it is stuck (a stopped or hung init) and the sandbox is killed.
 _SANDBOX_EXIT_GRACE = 2.0
@@ -91,8 +88,7 @@ class Kernel:
         self.run_dir = run_dir
         self._waiters: dict[str, Inbox] = {}
         self._message_limit = message_limit(limits.output_chars)
-        self._stderr: deque[bytes] = deque()
-        self._stderr_size = 0
+        self._stderr = StderrTail()
         self.exit_code: int | None = None
         # Why the host killed the kernel, when it did so because the kernel misbehaved.
         self.stop_reason: str | None = None
@@ -152,16 +148,7 @@ class Kernel:
             _, info = write_connection_file(connection_file, transport="ipc", ip=socket_base, key=key)
             # The kernel writes to this pipe once its sockets are bound: the host connects then.
             ready_read, ready_write = os.pipe()
-            argv = [*python, "-m", "ipybox_kernel._launch", "-f", connection_file, "--ready-fd", str(ready_write)]
-            for flag, value in (
-                ("--memory", limits.memory),
-                ("--cpu", limits.cpu_seconds),
-                ("--files", limits.open_files),
-                ("--output", limits.output_chars),
-                ("--message-bytes", message_limit(limits.output_chars)),
-            ):
-                if value is not None:
-                    argv += [flag, str(value)]
+            argv = launcher_argv(python, connection_file, ready_write, limits)
             if sandbox is not None:
                 if tools_dir is not None:
                     try:
@@ -216,7 +203,8 @@ class Kernel:
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(kernel._watch_process)
-                    tg.start_soon(kernel._read_stderr)
+                    assert process.stderr is not None
+                    tg.start_soon(kernel._stderr.read, process.stderr)
                     try:
                         with anyio.fail_after(start_timeout):
                             await kernel._connect(ready_read, python[0], info, sandboxed=sandbox is not None)
@@ -269,7 +257,7 @@ class Kernel:
             await self.exited.wait()
 
     def stderr_tail(self) -> str:
-        return b"".join(self._stderr).decode("utf-8", "replace")
+        return self._stderr.text()
 
     def interrupt(self) -> None:
         """Ask the kernel to raise KeyboardInterrupt in the running code (by message: signals do
@@ -448,35 +436,14 @@ class Kernel:
 
         The process we wait on is bwrap; it exits when the kernel does only if bwrap's init in the
         PID namespace reaps it. A stopped or hung init (kernel code can reach it: same uid) would
-        leave a dead kernel unnoticed, so the kernel's own host pid is watched through a pidfd.
+        leave a dead kernel unnoticed, so the kernel's own host pid is watched.
         """
-        pid = self._sandbox_pid
-        if pid is None:
+        if self._sandbox_pid is None:
             return
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            pidfd = None
-        if pidfd is not None:
-            try:
-                # A pidfd turns readable when its process exits.
-                await anyio.wait_readable(pidfd)
-            finally:
-                os.close(pidfd)
+        await wait_for_exit(self._sandbox_pid)
         with anyio.move_on_after(_SANDBOX_EXIT_GRACE):
             await self.exited.wait()
         self.kill()
-
-    async def _read_stderr(self) -> None:
-        stream = self._process.stderr
-        assert stream is not None
-        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            while True:
-                chunk = await stream.receive()
-                self._stderr.append(chunk)
-                self._stderr_size += len(chunk)
-                while self._stderr_size > _STDERR_TAIL and len(self._stderr) > 1:
-                    self._stderr_size -= len(self._stderr.popleft())
 
     def _send(self, channel: _ChannelName, msg: dict[str, Any]) -> None:
         self._channels[channel].send(self._session.serialize(msg))

@@ -1,16 +1,85 @@
-"""Finding the kernel's interpreter and, inside the sandbox, its process."""
+"""The kernel's process: its command line, its stderr, and finding it inside the sandbox."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
+from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ("bytecode_missing", "close_fd", "default_python", "sandboxed_kernel_pid")
+import anyio
+import anyio.abc
+
+from ipybox._config import Limits
+
+from ._messages import message_limit
+
+__all__ = (
+    "StderrTail",
+    "bytecode_missing",
+    "close_fd",
+    "default_python",
+    "launcher_argv",
+    "sandboxed_kernel_pid",
+    "wait_for_exit",
+)
 
 # bwrap, bwrap's PID-namespace init, then the kernel: never deeper than this below our child.
 _SANDBOX_DEPTH = 4
+# Bytes of the kernel's raw stderr kept for error messages.
+_STDERR_TAIL = 8192
+
+
+def launcher_argv(python: Sequence[str], connection_file: str, ready_fd: int, limits: Limits) -> list[str]:
+    """The command line of ipybox_kernel._launch, which applies ``limits`` and starts the kernel."""
+    argv = [*python, "-m", "ipybox_kernel._launch", "-f", connection_file, "--ready-fd", str(ready_fd)]
+    for flag, value in (
+        ("--memory", limits.memory),
+        ("--cpu", limits.cpu_seconds),
+        ("--files", limits.open_files),
+        ("--output", limits.output_chars),
+        ("--message-bytes", message_limit(limits.output_chars)),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+class StderrTail:
+    """The last bytes the kernel process wrote to its stderr, for error messages."""
+
+    def __init__(self) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+
+    async def read(self, stream: anyio.abc.ByteReceiveStream) -> None:
+        """Keep the tail of ``stream`` until it ends."""
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            while True:
+                chunk = await stream.receive()
+                self._chunks.append(chunk)
+                self._size += len(chunk)
+                while self._size > _STDERR_TAIL and len(self._chunks) > 1:
+                    self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        return b"".join(self._chunks).decode("utf-8", "replace")
+
+
+async def wait_for_exit(pid: int) -> None:
+    """Return once the process ``pid`` (not our child) has exited."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        # A pidfd turns readable when its process exits.
+        await anyio.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
 
 
 def bytecode_missing() -> bool:
