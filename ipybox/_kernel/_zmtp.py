@@ -112,8 +112,11 @@ class Channel:
 
     def send(self, frames: Sequence[bytes]) -> None:
         """Queue one message; written at once when the socket takes it, else by `run`."""
+        if self._broken:
+            # The kernel's end is gone; the reader reports that.
+            return
         data = encode(frames)
-        if self._ready and not self._outbox and not self._broken:
+        if self._ready and not self._outbox:
             assert self._sock is not None
             try:
                 written = self._sock.send(data)
