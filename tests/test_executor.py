@@ -130,7 +130,7 @@ async def test_a_subprocess_left_running_by_one_execution_does_not_write_into_th
     started = await executor.execute(
         "import subprocess, sys\n"
         "child = subprocess.Popen([sys.executable, '-c', "
-        "'import os, sys; sys.stdin.readline(); os.write(1, b\"late-out \"); os.write(2, b\"late-err \")'], "
+        '\'import os, sys; sys.stdin.readline(); os.write(1, b"late-out "); os.write(2, b"late-err ")\'], '
         "stdin=subprocess.PIPE)\n"
         "print('started')"
     )
