@@ -122,6 +122,33 @@ async def test_output_written_straight_to_the_file_descriptors_belongs_to_its_ex
     assert child.text == "from a child\n"
 
 
+async def test_a_subprocess_left_running_by_one_execution_does_not_write_into_the_next(
+    executor: CodeExecutor,
+) -> None:
+    # The child waits for a line on stdin, so it writes only while the next execution runs; that
+    # execution then waits for it to exit, so its writes are in a pipe before the drain looks.
+    started = await executor.execute(
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        '\'import os, sys; sys.stdin.readline(); os.write(1, b"late-out "); os.write(2, b"late-err ")\'], '
+        "stdin=subprocess.PIPE)\n"
+        "print('started')"
+    )
+    assert started.text == "started\n"
+    later = await executor.execute("child.communicate(b'go\\n')\nprint('exit', child.returncode)")
+    assert later.text == "exit 0\n"
+    # A subprocess of the running execution still writes into it.
+    assert (await executor.execute("_ = os.system('echo mine')")).text == "mine\n"
+
+
+async def test_fresh_pipes_for_every_execution_leave_no_descriptor_behind(executor: CodeExecutor) -> None:
+    count = "import os\nprint(len(os.listdir('/proc/self/fd')))"
+    before = int((await executor.execute(count)).text)
+    for _ in range(50):
+        await executor.execute("_ = os.system('true')")
+    assert int((await executor.execute(count)).text) == before
+
+
 async def test_kernels_started_together_on_a_busy_machine_answer_every_execution(tmp_path: Path) -> None:
     # Kernels starting at once next to two spinning processes, while the host re-sends kernel_info
     # requests on the sockets the replies arrive on: the situation in which pyzmq's asyncio sockets

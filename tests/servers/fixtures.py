@@ -23,6 +23,7 @@ from typing import Any, Literal
 import anyio
 import pytest
 
+from ipybox._kernel._process import wait_for_exit as process_exit
 from ipybox._mcp import HttpServer, StdioServer
 from ipybox._toolserver import ToolCall, ToolCallDenied, ToolServer
 
@@ -221,12 +222,5 @@ async def tool_channel(
 
 async def wait_for_exit(pid: int) -> None:
     """Wait until a process has exited (it may be a zombie not yet reaped by its parent)."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        with anyio.fail_after(EXIT_TIMEOUT):
-            await anyio.wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
+    with anyio.fail_after(EXIT_TIMEOUT):
+        await process_exit(pid)

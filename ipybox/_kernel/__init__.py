@@ -1,0 +1,30 @@
+"""The host's client of one IPython kernel: its process, its channels, the messages it sends.
+
+- `._client`: `Kernel`, which starts the (optionally sandboxed) kernel process, runs code and
+  watches the process.
+- `._zmtp`: the host's end of each channel, a ZMTP reader of ipybox's own that measures what the
+  kernel sends before holding it.
+- `._messages`: checking, budgeting and parsing the Jupyter messages into typed events.
+- `._process`: the kernel's interpreter, and finding its process inside the sandbox.
+"""
+
+from __future__ import annotations
+
+from ._client import SANDBOX_SOCKET_DIR, Kernel
+from ._messages import Display, Dropped, Error, KernelEvent, Reply, Stream, message_limit, strip_ansi
+from ._process import bytecode_missing, default_python
+
+__all__ = (
+    "SANDBOX_SOCKET_DIR",
+    "Display",
+    "Dropped",
+    "Error",
+    "Kernel",
+    "KernelEvent",
+    "Reply",
+    "Stream",
+    "bytecode_missing",
+    "default_python",
+    "message_limit",
+    "strip_ansi",
+)

@@ -1,0 +1,146 @@
+"""The kernel's process: its command line, its stderr, and finding it inside the sandbox."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import anyio.abc
+
+from ipybox._config import Limits
+
+from ._messages import message_limit
+
+__all__ = (
+    "StderrTail",
+    "bytecode_missing",
+    "close_fd",
+    "default_python",
+    "launcher_argv",
+    "sandboxed_kernel_pid",
+    "wait_for_exit",
+)
+
+# bwrap, bwrap's PID-namespace init, then the kernel: never deeper than this below our child.
+_SANDBOX_DEPTH = 4
+# Bytes of the kernel's raw stderr kept for error messages.
+_STDERR_TAIL = 8192
+
+
+def launcher_argv(python: Sequence[str], connection_file: str, ready_fd: int, limits: Limits) -> list[str]:
+    """The command line of ipybox_kernel._launch, which applies ``limits`` and starts the kernel."""
+    argv = [*python, "-m", "ipybox_kernel._launch", "-f", connection_file, "--ready-fd", str(ready_fd)]
+    for flag, value in (
+        ("--memory", limits.memory),
+        ("--cpu", limits.cpu_seconds),
+        ("--files", limits.open_files),
+        ("--output", limits.output_chars),
+        ("--message-bytes", message_limit(limits.output_chars)),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+class StderrTail:
+    """The last bytes the kernel process wrote to its stderr, for error messages."""
+
+    def __init__(self) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+
+    async def read(self, stream: anyio.abc.ByteReceiveStream) -> None:
+        """Keep the tail of ``stream`` until it ends."""
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            while True:
+                chunk = await stream.receive()
+                self._chunks.append(chunk)
+                self._size += len(chunk)
+                while self._size > _STDERR_TAIL and len(self._chunks) > 1:
+                    self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        return b"".join(self._chunks).decode("utf-8", "replace")
+
+
+async def wait_for_exit(pid: int) -> None:
+    """Return once the process ``pid`` (not our child) has exited."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        # A pidfd turns readable when its process exits.
+        await anyio.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+
+
+def bytecode_missing() -> bool:
+    """Whether ipykernel was installed without compiled bytecode.
+
+    A sandboxed kernel sees the environment read-only, so it cannot cache what it compiles and
+    compiles IPython, ipykernel and their dependencies from source on every start.
+    """
+    spec = importlib.util.find_spec("ipykernel")
+    if spec is None or spec.origin is None:
+        return False
+    cached = Path(importlib.util.cache_from_source(str(Path(spec.origin).with_name("kernelapp.py"))))
+    return not cached.exists()
+
+
+def sandboxed_kernel_pid(root: int, executable: str) -> int | None:
+    """The host pid of the kernel process below ``root`` (our bwrap child): the first descendant
+    running ``executable``. None if there is none."""
+    target = os.path.realpath(executable)
+    pids = [root]
+    for _ in range(_SANDBOX_DEPTH):
+        below: list[int] = []
+        for pid in pids:
+            try:
+                if os.readlink(f"/proc/{pid}/exe") == target:
+                    return pid
+            except OSError:
+                continue
+            below += _children(pid)
+        pids = below
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        pass  # a kernel built without CONFIG_PROC_CHILDREN: look at every process's parent
+    except OSError:
+        return []
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def close_fd(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def default_python() -> list[str]:
+    """The kernel's interpreter command line.
+
+    ``-P``: ``python -m`` would put the working directory (the workspace, which kernel code writes)
+    first on ``sys.path``, so a planted ``ipybox_kernel.py`` or ``argparse.py`` would run as the
+    launcher. The launcher appends the workspace at the end of ``sys.path`` instead.
+    """
+    return [sys.executable, "-P"]
