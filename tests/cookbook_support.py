@@ -180,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to run (default: all in cookbook/)")
     parser.add_argument("--check", action="store_true", help="compare with the stored outputs; write nothing")
     args = parser.parse_args(argv)
-    paths: list[Path] = [p.resolve() for p in args.notebooks] or notebooks()
+    # A name alone means the notebook in cookbook/.
+    paths = [(p if p.exists() else COOKBOOK / p).resolve() for p in args.notebooks] or notebooks()
     status = 0
     for path in paths:
         if args.check:
