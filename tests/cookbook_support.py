@@ -3,7 +3,8 @@
 A notebook in ``cookbook/`` is committed with the outputs of a real run, so that it reads well where
 it is browsed. A run that errs, or a cell that runs longer than `CELL_TIMEOUT`, fails. What a cell
 printed is compared with what it stored, after `normalise` (which hides what changes from run to run
-without the code doing anything different: ANSI colours, object addresses, long hex ids, durations):
+without the code doing anything different: ANSI colours, object addresses, long hex ids, durations,
+messages libraries print only on a slow machine):
 
 - by default the whole text output must be equal;
 - a cell tagged ``loose`` (its output depends on the machine, e.g. an installer's messages) only
@@ -45,6 +46,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]+\b")
 _HEX_ID = re.compile(r"\b(?=[0-9]*[a-f])[0-9a-f]{8,}\b")
 _DURATION = re.compile(r"\b\d+(?:\.\d+)?\s?(?:ms|s|seconds)\b")
+# Lines a library prints only when the machine is slow: matplotlib says this when building its font
+# cache (each sandboxed kernel starts with an empty one) takes longer than 5 s.
+_SLOW_MACHINE_LINES = re.compile(r"^.*Matplotlib is building the font cache; this may take a moment\.\n", re.MULTILINE)
 
 
 def notebooks() -> list[Path]:
@@ -80,6 +84,7 @@ def execute(notebook: NotebookNode, directory: Path, *, cell_timeout: int = CELL
 def normalise(text: str) -> str:
     """``text`` without what differs between runs of unchanged code."""
     text = _ANSI.sub("", text)
+    text = _SLOW_MACHINE_LINES.sub("", text)
     text = _ADDRESS.sub("<address>", text)
     text = _HEX_ID.sub("<id>", text)
     return _DURATION.sub("<duration>", text)

@@ -101,6 +101,8 @@ def test_normalising_hides_ids_addresses_and_durations_but_not_values() -> None:
         "x3:1 took <duration> at <address>, run <id>"
     )
     assert normalise("oslo 4.7 °C, 12345678 readings") == "oslo 4.7 °C, 12345678 readings"
+    slow = "Matplotlib is building the font cache; this may take a moment.\n"
+    assert normalise(f"{slow}mean 2.7\n") == "mean 2.7\n"
 
 
 def test_outputs_that_differ_only_in_ids_and_durations_pass_and_changed_values_fail() -> None:
