@@ -1,8 +1,5 @@
 """`CodeExecutor`: runs code actions in a stateful, sandboxed IPython kernel."""
 
-# The executor drives Execution objects through their private driver interface.
-# pyright: reportPrivateUsage=false
-
 from __future__ import annotations
 
 import base64
@@ -26,7 +23,8 @@ from typing import Any, Literal, Self, cast
 import anyio
 import anyio.abc
 
-from ._approval import Approval, check_approval, decide_by_policy
+from ._approval import Approval, ApprovalDecision, check_approval, decide_by_policy
+from ._channel import ToolRequest
 from ._config import Limits, SandboxConfig, Timeouts, check_seconds
 from ._events import wait_any
 from ._exceptions import (
@@ -39,7 +37,7 @@ from ._exceptions import (
     KernelStartError,
     UsageError,
 )
-from ._execution import Execution
+from ._execution import Execution, ExecutionDriver, open_execution
 from ._kernel import (
     Display,
     Dropped,
@@ -58,7 +56,7 @@ from ._packages import install_package
 from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
 from ._sandbox import resolve_sandbox
 from ._tooldir import prepare_tools_dir, tools_dir_path
-from ._toolserver import ToolCall, ToolCallDenied, ToolServer
+from ._toolserver import ToolServer
 from ._workspace import copy_file, write_file
 
 __all__ = ("CodeExecutor",)
@@ -170,7 +168,7 @@ class CodeExecutor:
         self._by_key: dict[str, Execution] = {}
         # Keys of executions that ended and were forgotten, oldest first: key -> why.
         self._released: OrderedDict[str, str] = OrderedDict()
-        self._current: Execution | None = None
+        self._current: ExecutionDriver | None = None
         # The kernel's id for the running execution, which its tool calls must carry.
         self._current_msg_id: str | None = None
         self._home: Path | None = None
@@ -498,7 +496,7 @@ class CodeExecutor:
                 return existing
             if key in self._released:
                 raise ExecutionLost(f"the execution with key {key!r} {self._released[key]}; it is not run again")
-        execution = Execution(
+        execution, driver = open_execution(
             code,
             key=key,
             timeout=timeout if timeout is not None else self.timeouts.execution,
@@ -507,8 +505,8 @@ class CodeExecutor:
         )
         if key is not None:
             self._by_key[key] = execution
-            execution._on_consumed = self._release
-        tg.start_soon(self._drive, execution)
+            driver.on_delivered(self._release)
+        tg.start_soon(self._drive, driver)
         return execution
 
     def attach(self, key: str) -> Execution:
@@ -538,30 +536,28 @@ class CodeExecutor:
         while len(self._released) > _RELEASED_KEYS:
             self._released.popitem(last=False)
 
-    async def _drive(self, execution: Execution) -> None:
-        with anyio.CancelScope() as scope:
-            execution._cancel_scope = scope
-            if execution._cancel_requested:
-                scope.cancel()
+    async def _drive(self, driver: ExecutionDriver) -> None:
+        with driver.cancel_scope():
             async with self._lock:
                 try:
                     kernel = await self._get_kernel()
                 except KernelStartError as exc:
-                    execution._fail(exc)
+                    driver.fail(exc)
                     return
-                await self._run(kernel, execution)
-        if not execution.done:
-            execution._fail(ExecutionCancelled("the execution was cancelled"))
+                await self._run(kernel, driver)
+        if not driver.done:
+            driver.fail(ExecutionCancelled("the execution was cancelled"))
 
-    async def _run(self, kernel: Kernel, execution: Execution) -> None:
-        self._current, self._current_msg_id = execution, kernel.new_msg_id()
+    async def _run(self, kernel: Kernel, driver: ExecutionDriver) -> None:
+        self._current, self._current_msg_id = driver, kernel.new_msg_id()
         try:
-            await self._run_current(kernel, execution, self._current_msg_id)
+            await self._run_current(kernel, driver, self._current_msg_id)
         finally:
             self._current = self._current_msg_id = None
 
-    async def _run_current(self, kernel: Kernel, execution: Execution, msg_id: str) -> None:
-        collector = _Collector(self.workspace, execution, self.limits.output_chars)
+    async def _run_current(self, kernel: Kernel, driver: ExecutionDriver, msg_id: str) -> None:
+        execution = driver.execution
+        collector = _Collector(self.workspace, driver, self.limits.output_chars)
         finished = anyio.Event()
         error: IpyboxError | None = None
         timed_out = restarted = False
@@ -584,7 +580,7 @@ class CodeExecutor:
             else:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(consume)
-                    timed_out = not await _wait_budget(finished, execution)
+                    timed_out = not await driver.within_budget(finished)
                     if timed_out:
                         kernel.interrupt()
                         with anyio.move_on_after(self.timeouts.interrupt_grace):
@@ -602,7 +598,7 @@ class CodeExecutor:
                 if not finished.is_set():
                     await kernel.kill_and_wait()
             if execution.expired:
-                execution._fail(
+                driver.fail(
                     ExecutionCancelled(
                         f"the execution waited for an approval longer than its ttl of {execution.ttl:g} s and "
                         "was cancelled; the kernel was interrupted and keeps its state"
@@ -610,20 +606,20 @@ class CodeExecutor:
                 )
                 self._release(execution, f"was cancelled after waiting longer than its ttl of {execution.ttl:g} s")
             else:
-                execution._fail(ExecutionCancelled("the execution was cancelled; the kernel was interrupted"))
+                driver.fail(ExecutionCancelled("the execution was cancelled; the kernel was interrupted"))
             raise
         duration = anyio.current_time() - start
         text = collector.text()
         if timed_out:
             assert execution.timeout is not None
-            execution._fail(ExecutionTimeout(execution.timeout, restarted=restarted, output=text))
+            driver.fail(ExecutionTimeout(execution.timeout, restarted=restarted, output=text))
         elif error is not None:
-            execution._fail(error)
+            driver.fail(error)
         elif collector.error is not None:
             e = collector.error
-            execution._fail(CodeExecutionError(e.ename, e.evalue, _clean_traceback(e.traceback), output=text))
+            driver.fail(CodeExecutionError(e.ename, e.evalue, _clean_traceback(e.traceback), output=text))
         else:
-            execution._succeed(collector.result(duration))
+            driver.succeed(collector.result(duration))
 
     # -- tools --------------------------------------------------------------------------
 
@@ -659,27 +655,25 @@ class CodeExecutor:
             raise UsageError("install_package needs a 'package' string")
         return await self.install(package)
 
-    async def _gate(self, call: ToolCall) -> None:
-        execution = self._current
+    async def _gate(self, call: ToolRequest, *, server: str, annotations: Mapping[str, Any] | None) -> ApprovalDecision:
+        driver = self._current
         # A thread or task keeps the id of the execution that started it (ipybox_kernel._context):
         # a call from one that outlived its execution must not be shown as the running one's.
-        if execution is None or call.execution is None or call.execution != self._current_msg_id:
-            raise ToolCallDenied(_STRAY_CALL)
-        request = execution._new_request(
-            server_name=call.server_name,
-            tool_name=call.tool_name,
+        if driver is None or call.execution is None or call.execution != self._current_msg_id:
+            return ApprovalDecision(approved=False, reason=_STRAY_CALL, by="policy")
+        request = driver.new_request(
+            server_name=call.server,
+            tool_name=call.tool,
             tool_args=call.arguments,
-            server=call.server,
-            annotations=call.annotations,
+            server=server,
+            annotations=annotations,
         )
-        policy: Approval = self.approval if execution.policy is None else execution.policy
-        decision = await decide_by_policy(policy, request)
+        own = driver.execution.policy
+        decision = await decide_by_policy(self.approval if own is None else own, request)
         if decision is None:
-            decision = await execution._ask(request, self.timeouts.approval)
-        else:
-            request.decide(decision)
-        if not decision.approved:
-            raise ToolCallDenied(decision.reason)
+            return await driver.ask(request, self.timeouts.approval)
+        request.decide(decision)
+        return decision
 
     # -- files --------------------------------------------------------------------------
 
@@ -728,29 +722,6 @@ def _check_bytecode() -> None:
         )
 
 
-async def _wait_budget(finished: anyio.Event, execution: Execution) -> bool:
-    """Wait until ``finished``; False if the execution's time ran out first.
-
-    The clock stops while tool calls wait for approval.
-    """
-    if execution.timeout is None:
-        await finished.wait()
-        return True
-    remaining = execution.timeout
-    while not finished.is_set():
-        changed = execution._pending_changed
-        if execution._pending:
-            await wait_any(finished, changed)
-            continue
-        if remaining <= 0:
-            return False
-        begin = anyio.current_time()
-        with anyio.move_on_after(remaining):
-            await wait_any(finished, changed)
-        remaining -= anyio.current_time() - begin
-    return True
-
-
 def _clean_traceback(lines: list[str]) -> str:
     kept = [strip_ansi(line) for line in lines if "ipybox_kernel" not in line]
     return "\n".join(kept)
@@ -759,9 +730,9 @@ def _clean_traceback(lines: list[str]) -> str:
 class _Collector:
     """Turns kernel events into chunks and the result, within the output cap."""
 
-    def __init__(self, workspace: Path, execution: Execution, cap: int) -> None:
+    def __init__(self, workspace: Path, driver: ExecutionDriver, cap: int) -> None:
         self._workspace = workspace
-        self._execution = execution
+        self._driver = driver
         self._room = cap
         self._text: list[str] = []
         self._images: list[Image] = []
@@ -782,7 +753,7 @@ class _Collector:
         if fits:
             text = text[:fits]
             self._text.append(text)
-            self._execution._emit(CodeExecutionChunk(text=text, stream=stream))
+            self._driver.emit(CodeExecutionChunk(text=text, stream=stream))
 
     def add(self, event: KernelEvent) -> None:
         match event:
@@ -820,7 +791,7 @@ class _Collector:
                 raw = content.encode() if mime == "image/svg+xml" else base64.b64decode(content, validate=False)
             except ValueError:
                 continue
-            name = f"images/{self._execution.id}-{len(self._images) + 1}{suffix}"
+            name = f"images/{self._driver.execution.id}-{len(self._images) + 1}{suffix}"
             try:
                 path: Path | None = write_file(self._workspace, name, raw)
             except (OSError, UsageError):

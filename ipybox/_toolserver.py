@@ -6,7 +6,7 @@ The sandboxed kernel has no network. Its only way to an MCP tool is the unix soc
 1. checks the request's size and nesting and the executor's token (a wrong or missing one gets
    nothing run),
 2. looks the server up *by name* in the registry the host filled with `register()`,
-3. hands a `ToolCall` to the gate, which returns to approve or raises `ToolCallDenied`,
+3. asks the gate, which returns an `ApprovalDecision` (a refusal becomes the call's error reply),
 4. starts or connects to the server if it is not running, and looks the tool up in its tool list,
 5. calls the tool over the server's long-lived MCP session and sends the result back.
 
@@ -40,7 +40,7 @@ import types
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 import anyio
 import anyio.abc
@@ -49,6 +49,7 @@ from mcp import types as mcp_types
 from mcp_types import CONNECTION_CLOSED
 from pydantic import ValidationError
 
+from ._approval import ApprovalDecision
 from ._channel import (
     MAX_JSON_DEPTH,
     MAX_JSON_VALUES,
@@ -62,7 +63,7 @@ from ._channel import (
 from ._exceptions import IpyboxError, MCPServerError, UsageError
 from ._mcp import HttpServer, StdioServer, describe_server, open_session, parse_server_params
 
-__all__ = ("Gate", "ToolCall", "ToolCallDenied", "ToolServer")
+__all__ = ("BuiltinTool", "Gate", "ToolServer")
 
 logger = logging.getLogger(__name__)
 
@@ -111,52 +112,23 @@ _BRACKET_WEIGHTS = bytes.maketrans(b"[]{}", b"\x02\x00\x02\x00")
 _MAX_SOCKET_PATH = 107
 
 
-@dataclass(frozen=True, kw_only=True)
-class ToolCall:
-    """What the host knows about one requested tool call, handed to the gate for approval.
+class Gate(Protocol):
+    """Decides whether a tool call may run; the call runs only if the decision approves it.
 
-    Attributes:
-        server_name: The name the server is registered under.
-        tool_name: The tool's name as the server lists it.
-        arguments: The arguments the kernel sent.
-        execution: The kernel's id for the running cell (its IPython parent msg_id), as sent by the
-            kernel. Informational only: code in the kernel can put anything here.
-        seq: The kernel's sequence number of the call.
-        server: What the host will run or call: the command line or URL (no secret values).
-        annotations: The tool's MCP annotations as listed by the server (``readOnlyHint``, ...).
-            They are hints from the server, not guarantees. None when the server lists none for
-            the tool, and when the server has never been connected: a server is started only for
-            a call that was approved, so the first call to it is approved without them (a policy
-            that approves read-only tools does not approve that call by this rule).
+    ``server`` is what the host will run or call for the request's server (its command line or URL,
+    no secret values); ``annotations`` are the tool's MCP annotations as the server last listed them
+    (hints from the server, not guarantees), None when it lists none or was never connected: a
+    server is started only for a call that was approved, so the first call to it is decided without
+    them. ``request.execution`` is whatever the kernel sent: informational only.
+
+    The gate is cancelled when the kernel stops waiting for the call (its cell was interrupted or
+    its connection closed); the call is then not made. An exception from it refuses the call too.
     """
 
-    server_name: str
-    tool_name: str
-    arguments: dict[str, Any]
-    execution: str | None
-    seq: int
-    server: str
-    annotations: dict[str, Any] | None
+    def __call__(
+        self, request: ToolRequest, /, *, server: str, annotations: Mapping[str, Any] | None
+    ) -> Awaitable[ApprovalDecision]: ...
 
-
-class ToolCallDenied(Exception):
-    """Raised by a gate to reject a tool call; the kernel gets ``ToolCallRejected(reason)``.
-
-    Attributes:
-        reason: Why the call was rejected, shown to the code in the kernel (optional).
-    """
-
-    def __init__(self, reason: str | None = None) -> None:
-        super().__init__(reason or "the tool call was rejected")
-        self.reason = reason
-
-
-Gate = Callable[[ToolCall], Awaitable[None]]
-"""Approves a tool call by returning, rejects it by raising `ToolCallDenied`.
-
-The gate is cancelled when the kernel stops waiting for the call (its cell was interrupted or its
-connection closed); the call is then not made.
-"""
 
 BuiltinTool = Callable[[Mapping[str, Any]], Awaitable[str]]
 """A tool the host itself provides (e.g. package installs): takes the arguments, returns text."""
@@ -303,8 +275,8 @@ class ToolServer:
         socket_path: Where to create the unix socket (mode 0600). A stale socket file left there
             by a process that is gone is replaced.
         token: The secret the kernel must send with every request.
-        gate: Awaited with a `ToolCall` before each call; it approves by returning and rejects by
-            raising `ToolCallDenied`. Any other exception also rejects the call.
+        gate: Decides each call before it is made (see `Gate`); a refusal, or an exception from
+            it, is the call's error reply.
         call_timeout: Seconds one MCP call may take, not counting approval; None for no limit.
         connect_timeout: Seconds to start or reach a server and list its tools.
         max_connections: Connections served at once; more wait until one closes.
@@ -633,16 +605,7 @@ class ToolServer:
             if spec is not None and spec.annotations
             else None
         )
-        call = ToolCall(
-            server_name=server,
-            tool_name=tool,
-            arguments=request.arguments,
-            execution=request.execution,
-            seq=request.seq,
-            server=entry.description,
-            annotations=annotations,
-        )
-        refused = await self._approve(call)
+        refused = await self._approve(request, entry.description, annotations)
         if refused is not None:
             return refused
         # Started here if it is not running; or, approval having taken long, reset or replaced meanwhile.
@@ -667,37 +630,30 @@ class ToolServer:
             )
         return spec
 
-    async def _approve(self, call: ToolCall) -> ToolErrorReply | None:
-        """Run the gate; an error reply when the call must not be made."""
-        server, tool = call.server_name, call.tool_name
+    async def _approve(
+        self, request: ToolRequest, server: str, annotations: Mapping[str, Any] | None
+    ) -> ToolErrorReply | None:
+        """Ask the gate; the error reply when the call must not be made."""
+        name, tool = request.server, request.tool
         try:
-            await self._gate(call)
-        except ToolCallDenied as denied:
-            message = f"the application rejected the call to tool {tool!r} of MCP server {server!r}"
-            if denied.reason:
-                message += f": {denied.reason}"
-            return ToolErrorReply(seq=call.seq, error="rejected", message=message, reason=denied.reason)
+            decision = await self._gate(request, server=server, annotations=annotations)
         except Exception as exc:  # the gate is application code; whatever it raises, the call is not made
-            logger.exception("the approval gate failed for %s/%s", server, tool)
+            logger.exception("the approval gate failed for %s/%s", name, tool)
             return _error(
-                call.seq,
+                request.seq,
                 "approval_failed",
-                f"approving the call to tool {tool!r} of MCP server {server!r} failed on the host "
+                f"approving the call to tool {tool!r} of MCP server {name!r} failed on the host "
                 f"({type(exc).__name__}); the call was not made",
             )
-        return None
+        if decision.approved:
+            return None
+        message = f"the application rejected the call to tool {tool!r} of MCP server {name!r}"
+        if decision.reason:
+            message += f": {decision.reason}"
+        return ToolErrorReply(seq=request.seq, error="rejected", message=message, reason=decision.reason)
 
     async def _answer_builtin(self, request: ToolRequest, handler: BuiltinTool) -> ToolResultReply | ToolErrorReply:
-        call = ToolCall(
-            server_name=request.server,
-            tool_name=request.tool,
-            arguments=request.arguments,
-            execution=request.execution,
-            seq=request.seq,
-            server=f"ipybox on the host: {request.tool}",
-            annotations=None,
-        )
-        refused = await self._approve(call)
+        refused = await self._approve(request, f"ipybox on the host: {request.tool}", None)
         if refused is not None:
             return refused
         name = f"{request.server}.{request.tool}"

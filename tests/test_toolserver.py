@@ -20,10 +20,11 @@ import pytest
 from servers.fixtures import SERVER_SCRIPT, Channel, RecordingGate, stdio_server, tool_channel, wait_for_exit
 from servers.test_server import png_bytes
 
-from ipybox._channel import MAX_LINE_BYTES
+from ipybox._approval import ApprovalDecision
+from ipybox._channel import MAX_LINE_BYTES, ToolRequest
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer
-from ipybox._toolserver import HANGUP_WATCH_AFTER, ToolCall, ToolCallDenied, ToolServer
+from ipybox._toolserver import HANGUP_WATCH_AFTER, ToolServer
 
 pytestmark = pytest.mark.anyio
 
@@ -119,13 +120,13 @@ async def test_the_gate_sees_the_real_command_line_or_url_and_once_the_server_ra
     assert first.annotations is None
     assert lookup.annotations == {"readOnlyHint": True}
     assert delete.annotations == {"readOnlyHint": False, "destructiveHint": True}
-    assert (delete.server_name, delete.tool_name, delete.arguments) == (
+    assert (delete.server_name, delete.tool_name, delete.request.arguments) == (
         "test",
         "delete_item",
         {"item_id": "7"},
     )
     assert delete.seq > lookup.seq
-    assert delete.execution is None  # the stand-in kernel is not IPython
+    assert delete.request.execution is None  # the stand-in kernel is not IPython
 
 
 async def test_after_a_reset_the_gate_still_sees_the_annotations_of_the_last_listing_and_no_server_runs() -> None:
@@ -172,7 +173,7 @@ async def test_a_rejected_call_raises_tool_call_rejected_with_the_reason_and_nev
 async def test_a_gate_that_fails_rejects_the_call_without_running_it(tmp_path: Path) -> None:
     log = tmp_path / "calls.log"
 
-    async def broken_gate(call: ToolCall) -> None:
+    async def broken_gate(request: ToolRequest, **_: Any) -> ApprovalDecision:
         raise KeyError("policy table missing")
 
     async with tool_channel({"test": stdio_server(call_log=log)}, broken_gate) as channel:
@@ -523,14 +524,15 @@ async def test_gathered_acall_tool_calls_run_concurrently(streamable_http_server
 async def test_approvals_of_parallel_calls_are_pending_at_the_same_time(
     streamable_http_server: HttpServer,
 ) -> None:
-    pending: list[ToolCall] = []
+    pending: list[ToolRequest] = []
     all_pending = anyio.Event()
 
-    async def gate(call: ToolCall) -> None:
-        pending.append(call)
+    async def gate(request: ToolRequest, **_: Any) -> ApprovalDecision:
+        pending.append(request)
         if len(pending) == 3:
             all_pending.set()
         await all_pending.wait()
+        return ApprovalDecision(approved=True)
 
     code = _GATHER.replace('"slow", {"seconds": 0.5}', '"slow", {"seconds": 0}').replace("0.5 s", "0 s")
     async with tool_channel({"test": streamable_http_server}, gate) as channel:
@@ -542,12 +544,13 @@ async def test_a_kernel_that_hangs_up_cancels_its_pending_approval_and_the_call(
     log = tmp_path / "calls.log"
     asked, cancelled = anyio.Event(), anyio.Event()
 
-    async def gate(call: ToolCall) -> None:
+    async def gate(request: ToolRequest, **_: Any) -> ApprovalDecision:
         asked.set()
         try:
             await anyio.sleep_forever()
         finally:
             cancelled.set()
+        raise AssertionError("this gate only ends by being cancelled")
 
     code = "from ipybox_kernel import call_tool; call_tool('test', 'delete_item', {'item_id': '7'})"
     async with tool_channel({"test": stdio_server(call_log=log)}, gate) as channel:
@@ -617,8 +620,3 @@ async def test_a_stale_socket_file_is_replaced(tmp_path: Path) -> None:
         assert path.stat().st_mode & 0o777 == 0o600
         tg.cancel_scope.cancel()
     assert not path.exists()
-
-
-def test_tool_call_denied_carries_its_reason() -> None:
-    assert ToolCallDenied("not today").reason == "not today"
-    assert ToolCallDenied().reason is None
