@@ -339,6 +339,8 @@ class ExecutionDriver:
         # A consumer that holds an event (between two steps of its loop) may be asking a person now.
         while state.iterating > state.idle:
             await state.idle_changed.wait()
+        if request.decision is not None:
+            return  # decided just now; `ask` has not yet had its turn to cancel this task
         logger.warning(
             "approval request %s for %s of execution %s has waited %g s with no answer and no consumer "
             "busy with it; the code is paused until it is answered or times out. Iterate the execution and "
