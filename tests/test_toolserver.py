@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import errno
 import json
 import os
 import select
@@ -12,6 +13,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from ipybox._approval import ApprovalDecision
 from ipybox._channel import MAX_LINE_BYTES, ToolRequest
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer
+from ipybox._toolerrors import ToolCallFailed, tool_errors
 from ipybox._toolserver import HANGUP_WATCH_AFTER, ToolServer
 
 pytestmark = pytest.mark.anyio
@@ -136,7 +139,7 @@ async def test_after_a_reset_the_gate_still_sees_the_annotations_of_the_last_lis
         await channel.tool_server.reset()
         await wait_for_exit(pid)
         rejected = await channel.call("test", "lookup", {"key": "k"})
-        assert channel.tool_server._entries["test"].live is None
+        assert channel.tool_server._sessions._entries["test"].live is None
     assert rejected["error"] == "ToolCallRejected"
     assert gate.calls[-1].annotations == {"readOnlyHint": True}
 
@@ -259,7 +262,7 @@ async def test_a_server_that_fails_to_start_reports_its_stderr_and_other_servers
 
 async def test_a_server_that_died_while_idle_is_restarted_on_the_next_call() -> None:
     async with tool_channel({"test": stdio_server()}) as channel:
-        channel.tool_server._idle_probe_after = 0.0
+        channel.tool_server._sessions.idle_probe_after = 0.0
         first = (await channel.call("test", "pid"))["structured"]["result"]
         os.kill(first, signal.SIGKILL)
         await wait_for_exit(first)
@@ -620,3 +623,31 @@ async def test_a_stale_socket_file_is_replaced(tmp_path: Path) -> None:
         assert path.stat().st_mode & 0o777 == 0o600
         tg.cancel_scope.cancel()
     assert not path.exists()
+
+
+def _broken_stream() -> BaseException:
+    return anyio.BrokenResourceError()
+
+
+def _grouped_timeout() -> BaseException:
+    return ExceptionGroup("transport", [TimeoutError()])
+
+
+@pytest.mark.parametrize(
+    ("make", "kind", "text"),
+    [
+        (_broken_stream, "server_crashed", "the connection to the server ended"),
+        (_grouped_timeout, "timeout", "timed out on the host"),
+        (lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/host/secret"), "tool_error", "No space left"),
+        (lambda: UsageError("needs a 'package' string"), "tool_error", "needs a 'package' string"),
+        (lambda: KeyError("host secret"), "internal", "failed on the host (KeyError)"),
+    ],
+)
+def test_every_foreign_error_leaves_the_boundary_as_one_tool_call_failure(
+    make: Callable[[], BaseException], kind: str, text: str
+) -> None:
+    with pytest.raises(ToolCallFailed) as caught, tool_errors("srv.tool"):
+        raise make()
+    assert caught.value.kind == kind
+    assert caught.value.message.startswith("srv.tool") and text in caught.value.message
+    assert "secret" not in caught.value.message
