@@ -28,7 +28,7 @@ from ._exceptions import UsageError
 from ._mcp import HttpServer, StdioServer, describe_server, open_session, parse_server_params
 from ._toolerrors import ToolCallFailed, tool_errors
 
-__all__ = ("IDLE_PROBE_AFTER", "PROBE_TIMEOUT", "STDERR_TAIL_BYTES", "Sessions")
+__all__ = ("IDLE_PROBE_AFTER", "PROBE_TIMEOUT", "STDERR_TAIL_BYTES", "Sessions", "Target")
 
 logger = logging.getLogger(__name__)
 

@@ -120,6 +120,7 @@ async def test_five_thousand_keyed_executions_leave_no_execution_behind_and_memo
         await executor.execute("pass", key=f"flat-{n}")
     gc.collect()
     growth = resident() - before
+    print(f"host RSS grew by {growth / 2**20:.1f} MiB over {KEYED_EXECUTIONS} keyed executions")
     assert executor._by_key == {}
     # Released keys are remembered within a bound, so none of them can run twice.
     assert len(executor._released) <= _RELEASED_KEYS
