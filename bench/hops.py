@@ -8,7 +8,7 @@ times whole calls from a real kernel; this one takes the path apart, with no ker
 - ``mcp raw``: ``ClientSession.call_tool("get-sum")`` on server-everything over stdio, back to back
   in this process. The floor under everything else: the MCP SDK plus the Node server.
 - host stages: each step the ToolServer takes for one request, timed alone in a loop (parse and
-  token, request validation, the ``ToolCall``, the approval gate as ``CodeExecutor`` runs it with
+  token, request validation, the tool's annotations, the approval gate as ``CodeExecutor`` runs it with
   ``approval="auto"``, result conversion, reply encoding).
 - ``channel``: a client process calling a host built-in tool that returns at once through the
   kernel stub (``ipybox_kernel.call_tool``): socket, ToolServer, gate, stub, no MCP server.
@@ -40,10 +40,10 @@ import anyio
 from mcp import types as mcp_types
 
 from ipybox import CodeExecutor, generate_mcp_sources
-from ipybox._approval import ApprovalRequest, decide_by_policy
+from ipybox._approval import ApprovalDecision, ApprovalRequest, decide_by_policy
 from ipybox._channel import ToolRequest, ToolResultReply
 from ipybox._mcp import StdioServer, open_session
-from ipybox._toolserver import ToolCall, ToolCallDenied, ToolServer
+from ipybox._toolserver import ToolServer
 
 __all__ = ("main",)
 
@@ -142,30 +142,19 @@ async def host_stages(calls: int, result: mcp_types.CallToolResult, spec: mcp_ty
     stages["token check"] = _loop(lambda: hmac.compare_digest(str(fields["token"]).encode(), expected), calls)
     stages["ToolRequest.model_validate"] = _loop(lambda: ToolRequest.model_validate(fields), calls)
 
-    async def gate_none(call: ToolCall) -> None:
-        return None
+    async def gate_none(request: ToolRequest, **_: Any) -> ApprovalDecision:
+        return ApprovalDecision(approved=True)
 
     server = ToolServer(socket_path=Path("/nonexistent/tools.sock"), token=token, gate=gate_none)
     stages["ToolServer._parse (all of the above)"] = _loop(lambda: server._parse(line), calls)
 
-    def tool_call() -> ToolCall:
-        annotations = (
-            spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if spec.annotations else None
-        )
-        return ToolCall(
-            server_name=parsed.server,
-            tool_name=parsed.tool,
-            arguments=parsed.arguments,
-            execution=parsed.execution,
-            seq=parsed.seq,
-            server="node_modules/.bin/mcp-server-everything stdio",
-            annotations=annotations,
-        )
+    def dump_annotations() -> dict[str, Any] | None:
+        return spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if spec.annotations else None
 
-    stages["ToolCall (+annotations dump)"] = _loop(tool_call, calls)
-    call = tool_call()
-    stages["ApprovalRequest()"] = _loop(lambda: _approval_request(call), calls)
-    stages["gate (request + auto policy)"] = await _aloop(lambda: _auto_gate(call), calls)
+    stages["annotations dump"] = _loop(dump_annotations, calls)
+    annotations = dump_annotations()
+    stages["ApprovalRequest()"] = _loop(lambda: _approval_request(parsed, annotations), calls)
+    stages["gate (request + auto policy)"] = await _aloop(lambda: _auto_gate(parsed, annotations), calls)
 
     def convert() -> ToolResultReply:
         text = "\n".join(item.text for item in result.content if isinstance(item, mcp_types.TextContent))
@@ -183,27 +172,31 @@ async def host_stages(calls: int, result: mcp_types.CallToolResult, spec: mcp_ty
 
 
 _approvals = iter(range(10**9))
+_EVERYTHING = "node_modules/.bin/mcp-server-everything stdio"
 
 
-def _approval_request(call: ToolCall) -> ApprovalRequest:
+def _approval_request(
+    call: ToolRequest, annotations: Mapping[str, Any] | None, server: str = _EVERYTHING
+) -> ApprovalRequest:
     return ApprovalRequest(
         id=f"exec:{next(_approvals)}",
-        server_name=call.server_name,
-        tool_name=call.tool_name,
+        server_name=call.server,
+        tool_name=call.tool,
         tool_args=call.arguments,
-        server=call.server,
-        annotations=call.annotations,
+        server=server,
+        annotations=annotations,
     )
 
 
-async def _auto_gate(call: ToolCall) -> None:
+async def _auto_gate(
+    call: ToolRequest, /, annotations: Mapping[str, Any] | None, *, server: str = _EVERYTHING
+) -> ApprovalDecision:
     """What CodeExecutor._gate does with approval="auto"."""
-    request = _approval_request(call)
+    request = _approval_request(call, annotations, server)
     decision = await decide_by_policy("auto", request)
     assert decision is not None
     request.decide(decision)
-    if not decision.approved:
-        raise ToolCallDenied(decision.reason)
+    return decision
 
 
 async def _through_stub(mode: str, calls: int, env: Mapping[str, str], cwd: Path) -> float:

@@ -204,7 +204,7 @@ async def soak(executions: int) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         async with CodeExecutor(workspace=tmp, tools_dir=None, approval="auto") as ex:
             ex.register_mcp_server("test", test_server())
-            kernel = ex._kernel  # sampled for its RSS
+            kernel = ex._kernels.kernel  # sampled for its RSS
             assert kernel is not None
             print(f"{'done':>7} {'host RSS MiB':>13} {'host fds':>9} {'kernel RSS MiB':>15} {'exec/s':>7}")
             first: tuple[int, int, int] | None = None
@@ -246,7 +246,7 @@ async def churn(cycles: int) -> None:
             async with CodeExecutor(workspace=tmp, tools_dir=None, approval="auto") as ex:
                 ex.register_mcp_server("test", test_server())
                 # The executor's own dir and its kernel's run dir; both must be gone after the stop.
-                home, kernel = ex._home, ex._kernel
+                home, kernel = ex._home, ex._kernels.kernel
                 dirs += [p for p in (home, kernel.run_dir if kernel else None) if p is not None]
                 # Every fourth executor also starts its MCP server, so server processes are counted too.
                 if i % 4 == 0:

@@ -211,7 +211,9 @@ async def decide_by_policy(approval: Approval, request: ApprovalRequest) -> Appr
             answer = await answer
     except Exception as exc:  # the application's callback: any failure means "no"
         logger.exception("approval callback failed")
-        return ApprovalDecision(approved=False, reason=f"the approval callback failed: {exc!r}", by="policy")
+        # The reason reaches kernel code: the type only, since the message may name host details.
+        reason = f"the approval callback failed ({type(exc).__name__}); the host's log has the details"
+        return ApprovalDecision(approved=False, reason=reason, by="policy")
     if isinstance(answer, ApprovalDecision):
         return answer
     if isinstance(answer, bool):  # pyright: ignore[reportUnnecessaryIsInstance]

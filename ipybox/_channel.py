@@ -33,6 +33,7 @@ __all__ = (
     "ToolErrorReply",
     "ToolRequest",
     "ToolResultReply",
+    "encode_reply",
 )
 
 # Large enough for big arguments and inline images, small enough that a flood of such lines stays bounded.
@@ -106,3 +107,8 @@ class ToolErrorReply(BaseModel):
     """For ``timeout``: the timeout that was exceeded, in seconds."""
     output: str | None = None
     """For ``server_start`` and ``server_crashed``: the last lines the server wrote to stderr."""
+
+
+def encode_reply(reply: ToolResultReply | ToolErrorReply) -> bytes:
+    """The reply as one line of JSON, newline included."""
+    return reply.model_dump_json(exclude_none=isinstance(reply, ToolErrorReply)).encode() + b"\n"

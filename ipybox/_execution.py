@@ -1,23 +1,71 @@
-"""`Execution`: a handle on one running code action, with a replayable event log."""
+"""One code action as two halves: the `Execution` its consumers hold and the `ExecutionDriver` the
+engine holds, created together by `open_execution` (the way anyio pairs a memory stream's send and
+receive ends).
+
+Consumers can only read (await, iterate, replay), answer approval requests and cancel. Only the
+driver can add events, ask for approvals, end the execution, and run the clock that stops while an
+approval is pending.
+"""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
 from ._approval import Approval, ApprovalDecision, ApprovalRequest
+from ._events import wait_any
 from ._exceptions import ExecutionCancelled, ExecutionLost, IpyboxError
 from ._results import CodeExecutionChunk, CodeExecutionResult
 
-__all__ = ("Execution", "ExecutionEvent")
+__all__ = ("UNANSWERED_WARNING_AFTER", "Execution", "ExecutionDriver", "ExecutionEvent", "open_execution")
+
+logger = logging.getLogger(__name__)
 
 ExecutionEvent = CodeExecutionChunk | ApprovalRequest | CodeExecutionResult
 
+# A person reading a prompt answers within seconds; a request still open this long after every
+# consumer has gone back to waiting for the next event is one nobody is going to answer.
+UNANSWERED_WARNING_AFTER = 10.0
+
 _ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class _State:
+    """What both halves of one execution share."""
+
+    log: list[ExecutionEvent] = field(default_factory=list[ExecutionEvent])
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    """Set (and replaced) whenever an event is added or the execution ends."""
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: CodeExecutionResult | None = None
+    error: IpyboxError | None = None
+    approvals: dict[str, ApprovalRequest] = field(default_factory=dict[str, ApprovalRequest])
+    pending: int = 0
+    """Approval requests waiting for a decision; the execution's clock stands still meanwhile."""
+    pending_changed: anyio.Event = field(default_factory=anyio.Event)
+    iterating: int = 0
+    awaiting: int = 0
+    idle: int = 0
+    """Iterating consumers that have seen every event and wait for the next one."""
+    idle_changed: anyio.Event = field(default_factory=anyio.Event)
+    cancel_scope: anyio.CancelScope | None = None
+    cancel_requested: bool = False
+    expired: bool = False
+    on_delivered: Callable[[Execution], None] | None = None
+    """Called once when the outcome has been delivered to a consumer."""
+
+    def bump_idle(self, by: int) -> None:
+        self.idle += by
+        self.idle_changed.set()
+        self.idle_changed = anyio.Event()
 
 
 class Execution:
@@ -39,6 +87,12 @@ class Execution:
 
     Leaving an ``async for`` early (``break``) only stops consuming; the code runs on.
 
+    An `ApprovalRequest` that stays unanswered for `UNANSWERED_WARNING_AFTER` seconds while no
+    consumer is busy with an event (all of them wait for the next one, or there are none) is logged
+    as a warning (logger ``ipybox._execution``), naming the request and the fix: such an execution would
+    otherwise wait silently until the approval timeout. Executions with both a ``key`` and a ``ttl``
+    are not warned about: framework adapters leave those paused on purpose, and the ttl bounds them.
+
     A keyed execution is forgotten by its executor once it has ended and its outcome was delivered
     (an ``await`` returned or raised, or an iteration reached the end), and when it was cancelled
     after waiting for an approval longer than its ``ttl``; `CodeExecutor.attach` then raises
@@ -47,13 +101,15 @@ class Execution:
 
     def __init__(
         self,
+        state: _State,
         code: str,
         *,
         key: str | None,
         timeout: float | None,
-        approval: Approval | None = None,
-        ttl: float | None = None,
+        approval: Approval | None,
+        ttl: float | None,
     ) -> None:
+        self._state = state
         self.id = f"x{next(_ids)}"
         self.code = code
         self.key = key
@@ -62,36 +118,30 @@ class Execution:
         """This execution's approval policy (``execute(approval=...)``); None: the executor's."""
         self.ttl = ttl
         """Seconds this execution may wait for an approval decision before it is cancelled."""
-        self.expired = False
-        """True once the execution was cancelled because an approval waited longer than ``ttl``."""
-        # Called once when the outcome has been delivered to a consumer (the executor forgets the key).
-        self._on_consumed: Callable[[Execution], None] | None = None
-        self._log: list[ExecutionEvent] = []
-        self._changed = anyio.Event()
-        self._done = anyio.Event()
-        self._result: CodeExecutionResult | None = None
-        self._error: IpyboxError | None = None
-        self._cancel_scope: anyio.CancelScope | None = None
-        self._cancel_requested = False
-        self._approvals: dict[str, ApprovalRequest] = {}
-        self._pending = 0
-        self._pending_changed = anyio.Event()
-        self._iterating = 0
-        self._awaiting = 0
 
     def __repr__(self) -> str:
         state = "done" if self.done else "running"
-        return f"<Execution {self.id} {state}, {len(self._log)} events>"
+        return f"<Execution {self.id} {state}, {len(self._state.log)} events>"
 
     @property
     def done(self) -> bool:
         """True once the execution has completed, failed or been cancelled."""
-        return self._done.is_set()
+        return self._state.done.is_set()
+
+    @property
+    def expired(self) -> bool:
+        """True once the execution was cancelled because an approval waited longer than ``ttl``."""
+        return self._state.expired
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once `cancel` was called, or the execution was cancelled for lack of consumers."""
+        return self._state.cancel_requested
 
     @property
     def log(self) -> tuple[ExecutionEvent, ...]:
         """The events so far, in order."""
-        return tuple(self._log)
+        return tuple(self._state.log)
 
     async def events(self, start: int = 0) -> AsyncGenerator[ExecutionEvent]:
         """Yield the events from index ``start`` on, waiting for new ones until the end.
@@ -100,27 +150,31 @@ class Execution:
             ExecutionError: The execution failed (after all its events were yielded).
             KernelDied: The kernel died while running it.
         """
+        state = self._state
         index = start
-        self._iterating += 1
+        state.iterating += 1
         abandoned = False
         try:
             while True:
-                changed = self._changed
-                while index < len(self._log):
-                    yield self._log[index]
+                changed = state.changed
+                while index < len(state.log):
+                    yield state.log[index]
                     index += 1
-                if self._done.is_set() and index >= len(self._log):
-                    self._consumed()
-                    if self._error is not None:
-                        raise self._error
+                if state.done.is_set() and index >= len(state.log):
+                    self._delivered()
+                    if state.error is not None:
+                        raise state.error
                     return
+                state.bump_idle(1)
                 try:
                     await changed.wait()
                 except anyio.get_cancelled_exc_class():
                     abandoned = True
                     raise
+                finally:
+                    state.bump_idle(-1)
         finally:
-            self._iterating -= 1
+            state.iterating -= 1
             if abandoned:
                 self._abandoned()
 
@@ -139,45 +193,36 @@ class Execution:
             ExecutionCancelled: The execution was cancelled.
             KernelDied: The kernel died while running it.
         """
-        self._awaiting += 1
+        state = self._state
+        state.awaiting += 1
         abandoned = False
         try:
-            self._reject_unanswerable()
-            await self._done.wait()
+            _reject_unanswerable(state)
+            await state.done.wait()
         except anyio.get_cancelled_exc_class():
             abandoned = True
             raise
         finally:
-            self._awaiting -= 1
+            state.awaiting -= 1
             if abandoned:
                 self._abandoned()
-        self._consumed()
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
+        self._delivered()
+        if state.error is not None:
+            raise state.error
+        assert state.result is not None
+        return state.result
 
     def cancel(self) -> None:
         """Stop the execution: the kernel is interrupted and the execution ends with
         `ExecutionCancelled`. Does nothing if it has already ended."""
-        if self.done:
+        state = self._state
+        if state.done.is_set():
             return
-        self._cancel_requested = True
-        if self._cancel_scope is not None:
-            self._cancel_scope.cancel()
+        state.cancel_requested = True
+        if state.cancel_scope is not None:
+            state.cancel_scope.cancel()
         else:
-            self._fail(ExecutionCancelled("the execution was cancelled before it started"))
-
-    def _consumed(self) -> None:
-        callback, self._on_consumed = self._on_consumed, None
-        if callback is not None:
-            callback(self)
-
-    def _abandoned(self) -> None:
-        """A waiting task was cancelled: cancel an execution nobody can come back to (see the
-        class docstring)."""
-        if self.key is None and not self._iterating and not self._awaiting:
-            self.cancel()
+            _end(state, error=ExecutionCancelled("the execution was cancelled before it started"))
 
     def approval(self, request_id: str) -> ApprovalRequest:
         """The approval request with this id (stable: ``f"{execution.id}:{n}"``).
@@ -186,7 +231,7 @@ class Execution:
             ExecutionLost: No such request in this execution.
         """
         try:
-            return self._approvals[request_id]
+            return self._state.approvals[request_id]
         except KeyError:
             raise ExecutionLost(f"execution {self.id} has no approval request {request_id!r}") from None
 
@@ -198,89 +243,191 @@ class Execution:
         """
         return self.approval(request_id).decide(ApprovalDecision(approved=approved, reason=reason))
 
-    # -- used by the executor -------------------------------------------------------------
+    def _delivered(self) -> None:
+        callback, self._state.on_delivered = self._state.on_delivered, None
+        if callback is not None:
+            callback(self)
 
-    def _new_request(self, **fields: Any) -> ApprovalRequest:
-        request = ApprovalRequest(id=f"{self.id}:{len(self._approvals) + 1}", **fields)
-        self._approvals[request.id] = request
+    def _abandoned(self) -> None:
+        """A waiting task was cancelled: cancel an execution nobody can come back to (see the
+        class docstring)."""
+        if self.key is None and not self._state.iterating and not self._state.awaiting:
+            self.cancel()
+
+
+class ExecutionDriver:
+    """The engine's half of an `Execution`: it adds events, asks for approvals and ends it."""
+
+    def __init__(self, state: _State, execution: Execution) -> None:
+        self._state = state
+        self.execution = execution
+
+    def on_delivered(self, callback: Callable[[Execution], None]) -> None:
+        """Call ``callback`` once, when the outcome has first been delivered to a consumer."""
+        self._state.on_delivered = callback
+
+    @property
+    def done(self) -> bool:
+        return self._state.done.is_set()
+
+    @contextmanager
+    def cancel_scope(self) -> Generator[anyio.CancelScope]:
+        """The scope `Execution.cancel` cancels; cancelled at once if that was asked for already."""
+        with anyio.CancelScope() as scope:
+            self._state.cancel_scope = scope
+            if self._state.cancel_requested:
+                scope.cancel()
+            try:
+                yield scope
+            finally:
+                self._state.cancel_scope = None
+
+    def emit(self, event: CodeExecutionChunk) -> None:
+        _add(self._state, event)
+
+    def succeed(self, result: CodeExecutionResult) -> None:
+        _end(self._state, result=result)
+
+    def fail(self, error: IpyboxError) -> None:
+        _end(self._state, error=error)
+
+    def new_request(self, **fields: Any) -> ApprovalRequest:
+        """An approval request of this execution, with the next id."""
+        approvals = self._state.approvals
+        request = ApprovalRequest(id=f"{self.execution.id}:{len(approvals) + 1}", **fields)
+        approvals[request.id] = request
         return request
 
-    async def _ask(self, request: ApprovalRequest, limit: float | None) -> ApprovalDecision:
+    async def ask(self, request: ApprovalRequest, limit: float | None) -> ApprovalDecision:
         """Surface ``request`` as an event and wait for the application's decision.
 
-        The execution's timeout clock stands still meanwhile. Past ``limit`` the call is rejected
-        and the code goes on; past the execution's ``ttl`` the whole execution is cancelled.
+        The execution's clock stands still meanwhile (see `within_budget`). Past ``limit`` the call
+        is rejected and the code goes on; past the execution's ``ttl`` the whole execution is
+        cancelled.
         """
-        self._emit(request)
-        self._pending += 1
-        self._pending_changed.set()
-        self._pending_changed = anyio.Event()
-        ttl = math.inf if self.ttl is None else self.ttl
+        state, ttl_given = self._state, self.execution.ttl
+        _add(state, request)
+        self._pending_by(1)
+        ttl = math.inf if ttl_given is None else ttl_given
         wait = math.inf if limit is None else limit
         try:
-            self._reject_unanswerable()
-            with anyio.move_on_after(min(wait, ttl)):
-                return await request.wait()
+            _reject_unanswerable(state)
+            async with anyio.create_task_group() as tg:
+                if not (self.execution.key is not None and ttl_given is not None):
+                    tg.start_soon(self._warn_if_unanswered, request)
+                with anyio.move_on_after(min(wait, ttl)):
+                    decision = await request.wait()
+                    tg.cancel_scope.cancel()
+                    return decision
+                tg.cancel_scope.cancel()
             if ttl <= wait:
-                self.expired = True
-                request.decide(
-                    ApprovalDecision(
-                        approved=False,
-                        reason=f"nobody answered within the execution's ttl of {ttl:g} s; it was cancelled",
-                        by="timeout",
-                    )
-                )
-                self.cancel()
+                state.expired = True
+                reason = f"nobody answered within the execution's ttl of {ttl:g} s; it was cancelled"
+                request.decide(ApprovalDecision(approved=False, reason=reason, by="timeout"))
+                self.execution.cancel()
             else:
-                request.decide(
-                    ApprovalDecision(approved=False, reason=f"no approval decision within {limit:g} s", by="timeout")
-                )
+                reason = f"no approval decision within {limit:g} s"
+                request.decide(ApprovalDecision(approved=False, reason=reason, by="timeout"))
             return await request.wait()
         finally:
-            self._pending -= 1
-            self._pending_changed.set()
-            self._pending_changed = anyio.Event()
+            self._pending_by(-1)
 
-    def _reject_unanswerable(self) -> None:
-        """Reject pending requests when the execution is awaited and nobody iterates it: no one
-        would ever see them."""
-        if self._iterating or not self._awaiting:
-            return
-        for request in self._approvals.values():
-            request.decide(
-                ApprovalDecision(
-                    approved=False,
-                    by="policy",
-                    reason=(
-                        "approval is 'ask' but this execution is awaited, not iterated, so nobody can answer "
-                        "its ApprovalRequest; iterate it ('async for event in executor.execute(code)') and "
-                        "accept or reject each request, or give CodeExecutor an approval policy "
-                        "(approval='auto', ApprovalRules(...) or a callback)"
-                    ),
-                )
+    async def _warn_if_unanswered(self, request: ApprovalRequest) -> None:
+        state = self._state
+        # Cancelled by `ask` as soon as the request is decided.
+        await anyio.sleep(UNANSWERED_WARNING_AFTER)
+        # A consumer that holds an event (between two steps of its loop) may be asking a person now.
+        while state.iterating > state.idle:
+            await state.idle_changed.wait()
+        if request.decision is not None:
+            return  # decided just now; `ask` has not yet had its turn to cancel this task
+        logger.warning(
+            "approval request %s for %s of execution %s has waited %g s with no answer and no consumer "
+            "busy with it; the code is paused until it is answered or times out. Iterate the execution and "
+            "'await request.accept()' or 'await request.reject(reason)' for each ApprovalRequest, or give "
+            "the executor or execute() an approval policy (approval='auto', ApprovalRules(...) or a callback)",
+            request.id,
+            request,
+            self.execution.id,
+            UNANSWERED_WARNING_AFTER,
+        )
+
+    def _pending_by(self, by: int) -> None:
+        state = self._state
+        state.pending += by
+        state.pending_changed.set()
+        state.pending_changed = anyio.Event()
+
+    async def within_budget(self, finished: anyio.Event) -> bool:
+        """Wait until ``finished``; False if the execution's timeout ran out first.
+
+        The clock stops while approval requests are pending.
+        """
+        state, remaining = self._state, self.execution.timeout
+        if remaining is None:
+            await finished.wait()
+            return True
+        while not finished.is_set():
+            changed = state.pending_changed
+            if state.pending:
+                await wait_any(finished, changed)
+                continue
+            if remaining <= 0:
+                return False
+            begin = anyio.current_time()
+            with anyio.move_on_after(remaining):
+                await wait_any(finished, changed)
+            remaining -= anyio.current_time() - begin
+        return True
+
+
+def open_execution(
+    code: str,
+    *,
+    key: str | None,
+    timeout: float | None,
+    approval: Approval | None = None,
+    ttl: float | None = None,
+) -> tuple[Execution, ExecutionDriver]:
+    """A new execution: the handle for its consumers and the driver for the engine."""
+    state = _State()
+    execution = Execution(state, code, key=key, timeout=timeout, approval=approval, ttl=ttl)
+    return execution, ExecutionDriver(state, execution)
+
+
+def _add(state: _State, event: ExecutionEvent) -> None:
+    state.log.append(event)
+    state.changed.set()
+    state.changed = anyio.Event()
+
+
+def _end(state: _State, *, result: CodeExecutionResult | None = None, error: IpyboxError | None = None) -> None:
+    if state.done.is_set():
+        return
+    for request in state.approvals.values():
+        request.decide(ApprovalDecision(approved=False, reason="the execution ended", by="policy"))
+    state.result, state.error = result, error
+    if result is not None:
+        _add(state, result)
+    state.done.set()
+    state.changed.set()
+
+
+def _reject_unanswerable(state: _State) -> None:
+    """Reject pending requests when the execution is awaited and nobody iterates it: no one would
+    ever see them."""
+    if state.iterating or not state.awaiting:
+        return
+    for request in state.approvals.values():
+        request.decide(
+            ApprovalDecision(
+                approved=False,
+                by="policy",
+                reason=(
+                    "approval is 'ask' but this execution is awaited, not iterated, so nobody can answer "
+                    "its ApprovalRequest; iterate it ('async for event in executor.execute(code)') and "
+                    "accept or reject each request, or give CodeExecutor an approval policy "
+                    "(approval='auto', ApprovalRules(...) or a callback)"
+                ),
             )
-
-    def _close_approvals(self) -> None:
-        for request in self._approvals.values():
-            request.decide(ApprovalDecision(approved=False, reason="the execution ended", by="policy"))
-
-    def _emit(self, event: ExecutionEvent) -> None:
-        self._log.append(event)
-        self._changed.set()
-        self._changed = anyio.Event()
-
-    def _succeed(self, result: CodeExecutionResult) -> None:
-        if self.done:
-            return
-        self._close_approvals()
-        self._result = result
-        self._emit(result)
-        self._done.set()
-
-    def _fail(self, error: IpyboxError) -> None:
-        if self.done:
-            return
-        self._close_approvals()
-        self._error = error
-        self._done.set()
-        self._changed.set()
+        )

@@ -1,34 +1,26 @@
 """`CodeExecutor`: runs code actions in a stateful, sandboxed IPython kernel."""
 
-# The executor drives Execution objects through their private driver interface.
-# pyright: reportPrivateUsage=false
-
 from __future__ import annotations
 
-import base64
-import dataclasses
 import functools
-import json
 import logging
 import os
 import secrets
 import shutil
-import stat
-import sys
 import tempfile
 from collections import OrderedDict
 from collections.abc import Mapping
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self, cast
+from typing import Any, Literal, Self
 
 import anyio
 import anyio.abc
 
-from ._approval import Approval, check_approval, decide_by_policy
+from ._approval import Approval, ApprovalDecision, check_approval, decide_by_policy
+from ._channel import ToolRequest
 from ._config import Limits, SandboxConfig, Timeouts, check_seconds
-from ._events import wait_any
 from ._exceptions import (
     CodeExecutionError,
     ExecutionCancelled,
@@ -39,34 +31,26 @@ from ._exceptions import (
     KernelStartError,
     UsageError,
 )
-from ._execution import Execution
+from ._execution import Execution, ExecutionDriver, open_execution
 from ._kernel import (
-    Display,
-    Dropped,
-    Error,
     Kernel,
-    KernelEvent,
-    Reply,
-    Stream,
-    bytecode_missing,
     default_python,
-    strip_ansi,
 )
-from ._manifest import MANIFEST_DIR, load_manifest
+from ._kernelhome import IMPORT_ROOT, check_bytecode, hidden_paths, kernel_env, kernel_sandbox, restore_home
+from ._manifest import load_manifest
 from ._mcp import HttpServer, StdioServer
+from ._output import OutputCollector, clean_traceback
 from ._packages import install_package
-from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
 from ._sandbox import resolve_sandbox
+from ._supervisor import KernelSupervisor
 from ._tooldir import prepare_tools_dir, tools_dir_path
-from ._toolserver import ToolCall, ToolCallDenied, ToolServer
+from ._toolserver import ToolServer
 from ._workspace import copy_file, write_file
 
 __all__ = ("CodeExecutor",)
 
 logger = logging.getLogger(__name__)
 
-# Variables the kernel needs from the host's environment; nothing else is passed on.
-_PASSED_ENV = ("LANG", "LC_ALL", "TZ")
 # The tool server's name for ipybox's own tools (package installs from kernel code).
 BUILTIN_SERVER = "ipybox"
 # The default cap of `CodeExecutor.download`: a workspace file larger than this is more likely a
@@ -78,10 +62,6 @@ _STRAY_CALL = (
     "thread or task it did not wait for); tool calls are only allowed from the code action that is "
     "running: join such threads or await such tasks before the code action ends"
 )
-# Marker the kernel uses to report output it dropped at the source (see ipybox_kernel._launch).
-_TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
-# The executor's private directory that holds only a link to the tools directory, for PYTHONPATH.
-_IMPORT_ROOT = "imports"
 # How many keys of released executions are remembered, so that starting one of them again is refused
 # (the code must never run twice for one key) while memory stays bounded over any number of keys.
 _RELEASED_KEYS = 4096
@@ -161,16 +141,11 @@ class CodeExecutor:
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
-        self._kernel: Kernel | None = None
-        self._kernel_changed = anyio.Event()
-        self._restart = anyio.Event()
-        self._start_error: KernelStartError | None = None
-        # Whether a caller has been given _start_error; the next caller then gets a fresh attempt.
-        self._start_error_reported = False
+        self._kernels = KernelSupervisor(self._open_kernel)
         self._by_key: dict[str, Execution] = {}
         # Keys of executions that ended and were forgotten, oldest first: key -> why.
         self._released: OrderedDict[str, str] = OrderedDict()
-        self._current: Execution | None = None
+        self._current: ExecutionDriver | None = None
         # The kernel's id for the running execution, which its tool calls must carry.
         self._current_msg_id: str | None = None
         self._home: Path | None = None
@@ -196,7 +171,7 @@ class CodeExecutor:
 
     async def _start(self, stack: AsyncExitStack) -> None:
         if self.sandbox is not None:
-            _check_bytecode()
+            check_bytecode()
         # Private to this executor: the tool socket and the packages installed for the kernel.
         self._home = Path(tempfile.mkdtemp(prefix="ipybox-"))
         stack.callback(shutil.rmtree, self._home, ignore_errors=True)
@@ -215,7 +190,7 @@ class CodeExecutor:
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(self._tg.cancel_scope.cancel)
         await self._tg.start(self._tools.run)
-        await self._tg.start(self._run_kernels)
+        await self._tg.start(self._kernels.run)
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -257,134 +232,34 @@ class CodeExecutor:
         # The kernel imports the tools package from a directory holding nothing else, not from the
         # tools directory's parent: that is often the workspace, where kernel code can plant a
         # ``pydantic.py`` that would then shadow what generated modules import.
-        imports = self._home / _IMPORT_ROOT
+        imports = self._home / IMPORT_ROOT
         imports.mkdir(mode=0o700, exist_ok=True)
         link = imports / real.name
         if not link.is_symlink() or os.readlink(link) != str(real):
             link.unlink(missing_ok=True)
             link.symlink_to(real, target_is_directory=True)
 
-    def _kernel_env(self) -> dict[str, str]:
-        env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
-        env.setdefault("LANG", "C.UTF-8")
-        env.update(
-            {
-                "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
-                "PYTHONNOUSERSITE": "1",
-                "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-                "TERM": "dumb",
-                "NO_COLOR": "1",
-            }
-        )
-        assert self._home is not None
-        # Host-owned directories only: the workspace is appended to the end of sys.path by the
-        # kernel's launcher, so nothing planted there shadows the tools or installed packages.
-        paths = [str(self._home / "packages")]
-        if self.tools_dir is not None:
-            paths.insert(0, str(self._home / _IMPORT_ROOT))
-        env["PYTHONPATH"] = os.pathsep.join(paths)
-        env["IPYBOX_TOOL_SOCKET"] = str(self._home / "tools.sock")
-        env["IPYBOX_TOOL_TOKEN"] = self._token
-        if self.sandbox is not None:
-            # ipykernel's parent poller would see the PID namespace's init as its parent and exit;
-            # the sandbox's --die-with-parent does that job instead.
-            env["JPY_PARENT_PID"] = "1"
-            env["HOME"] = "/tmp"
-            env["IPYTHONDIR"] = "/tmp/.ipython"
-        env.update(self._env)
-        return env
-
-    def _kernel_sandbox(self) -> SandboxConfig | None:
-        if self.sandbox is None:
-            return None
-        assert self._home is not None
-        # The socket, the packages and the import root are host-owned: the kernel may use them, not
-        # change them.
-        extra = [self._home / "tools.sock", self._home / "packages"]
-        if self.tools_dir is not None:
-            extra.append(self._home / _IMPORT_ROOT)
-        return dataclasses.replace(self.sandbox, ro_paths=[*self.sandbox.ro_paths, *extra])
-
     def _mounted_tools_dir(self) -> Path | None:
         return self.tools_dir if self.tools_dir is not None and self.tools_dir.is_dir() else None
 
-    def _hidden_paths(self) -> list[Path]:
-        tools = self._mounted_tools_dir()
-        # The manifest holds server parameters (commands, URLs, maybe secrets): host only.
-        if tools is not None and (tools / MANIFEST_DIR).is_dir():
-            return [tools / MANIFEST_DIR]
-        return []
-
-    async def _run_kernels(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
-        """Keep one kernel running: start it, and start a fresh one after it dies or on reset."""
-        started = False
-        while True:
-            self._restart = anyio.Event()
-            try:
-                self._restore_home()
-                if started:
-                    self._recheck_tools_dir()
-                async with Kernel.start(
-                    python=default_python(),
-                    env=self._kernel_env(),
-                    workspace=self.workspace,
-                    sandbox=self._kernel_sandbox(),
-                    tools_dir=self._mounted_tools_dir(),
-                    hidden=self._hidden_paths(),
-                    limits=self.limits,
-                    start_timeout=self.timeouts.start,
-                ) as kernel:
-                    self._set_kernel(kernel)
-                    self._start_error = None
-                    if not started:
-                        started = True
-                        task_status.started()
-                    await wait_any(kernel.exited, self._restart)
-                    self._set_kernel(None)
-            except KernelStartError as exc:
-                if not started:
-                    raise
-                self._start_failed(exc)
-                await self._restart.wait()
-            finally:
-                self._set_kernel(None)
-
-    def _start_failed(self, error: KernelStartError) -> None:
-        """Record a failed restart and wake whoever waits for a kernel."""
-        self._start_error = error
-        self._start_error_reported = False
-        self._kernel_changed.set()
-        self._kernel_changed = anyio.Event()
-
-    def _restore_home(self) -> None:
-        """Recreate the executor's private directory and tool socket if they were deleted (a
-        ``/tmp`` cleaner), so that the next kernel can mount them.
-
-        Raises:
-            KernelStartError: They cannot be restored; the message names the cause.
-        """
-        home, tools = self._home, self._tools
-        assert home is not None and tools is not None
-        try:
-            try:
-                os.mkdir(home, 0o700)
-            except FileExistsError:
-                info = os.lstat(home)
-                # A /tmp name: after a deletion anyone may have created it, and it would hold the
-                # tool socket and the kernel's importable packages.
-                if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-                    raise KernelStartError(
-                        f"the executor's private directory {str(home)!r} was replaced by one this process "
-                        f"does not own exclusively (uid {info.st_uid}, mode {oct(info.st_mode)}); remove it, "
-                        "or start a new CodeExecutor"
-                    ) from None
-            (home / "packages").mkdir(exist_ok=True)
-            tools.rebind()
-        except (OSError, UsageError) as exc:
-            raise KernelStartError(
-                f"the executor's private directory {str(home)!r} (tool socket, packages) was deleted and "
-                f"cannot be recreated ({exc}); free the cause, or start a new CodeExecutor"
-            ) from exc
+    def _open_kernel(self, restarting: bool) -> AbstractAsyncContextManager[Kernel]:
+        """Prepare the host side and start a kernel (see `KernelOpener`)."""
+        assert self._home is not None and self._tools is not None
+        restore_home(self._home, self._tools)
+        if restarting:
+            self._recheck_tools_dir()
+        return Kernel.start(
+            python=default_python(),
+            env=kernel_env(
+                self._home, self._token, tools=self.tools_dir, sandboxed=self.sandbox is not None, extra=self._env
+            ),
+            workspace=self.workspace,
+            sandbox=kernel_sandbox(self.sandbox, self._home, tools=self.tools_dir),
+            tools_dir=self._mounted_tools_dir(),
+            hidden=hidden_paths(self._mounted_tools_dir()),
+            limits=self.limits,
+            start_timeout=self.timeouts.start,
+        )
 
     def _recheck_tools_dir(self) -> None:
         """`_prepare_tools_dir` before a restart, where a failure is a start error of that kernel.
@@ -397,47 +272,20 @@ class CodeExecutor:
         except (OSError, UsageError) as exc:
             raise KernelStartError(f"the tools directory cannot be used any more: {exc}") from exc
 
-    def _set_kernel(self, kernel: Kernel | None) -> None:
-        if kernel is self._kernel:
-            return
-        self._kernel = kernel
-        self._kernel_changed.set()
-        self._kernel_changed = anyio.Event()
-
-    async def _get_kernel(self) -> Kernel:
-        """The running kernel, waiting for a replacement if it has died or is being reset."""
-        while True:
-            kernel = self._kernel
-            if kernel is not None and not kernel.exited.is_set():
-                return kernel
-            if kernel is None and self._start_error is not None:
-                if not self._start_error_reported:
-                    self._start_error_reported = True
-                    raise self._start_error
-                # Reported before: this caller gets a fresh attempt, the cause may be gone by now.
-                self._start_error = None
-                self._restart.set()
-            await self._kernel_changed.wait()
-
     async def reset(self) -> None:
         """Replace the kernel with a fresh one. Variables are lost; workspace files are kept."""
         self._require_running()
         async with self._lock:
             if self._tools is not None:
                 await self._tools.reset()
-            old = self._kernel
-            self._restart.set()
-            while self._kernel is old or self._kernel is None:
-                if self._kernel is None and self._start_error is not None:
-                    break
-                await self._kernel_changed.wait()
-            await self._get_kernel()
+            await self._kernels.restart()
 
     def interrupt(self) -> None:
         """Interrupt the code that is running now (it raises KeyboardInterrupt in the kernel)."""
         self._require_running()
-        if self._kernel is not None:
-            self._kernel.interrupt()
+        kernel = self._kernels.kernel
+        if kernel is not None:
+            kernel.interrupt()
 
     def _require_running(self) -> anyio.abc.TaskGroup:
         if self._tg is None or self._stack is None:
@@ -498,7 +346,7 @@ class CodeExecutor:
                 return existing
             if key in self._released:
                 raise ExecutionLost(f"the execution with key {key!r} {self._released[key]}; it is not run again")
-        execution = Execution(
+        execution, driver = open_execution(
             code,
             key=key,
             timeout=timeout if timeout is not None else self.timeouts.execution,
@@ -507,8 +355,8 @@ class CodeExecutor:
         )
         if key is not None:
             self._by_key[key] = execution
-            execution._on_consumed = self._release
-        tg.start_soon(self._drive, execution)
+            driver.on_delivered(self._release)
+        tg.start_soon(self._drive, driver)
         return execution
 
     def attach(self, key: str) -> Execution:
@@ -538,30 +386,28 @@ class CodeExecutor:
         while len(self._released) > _RELEASED_KEYS:
             self._released.popitem(last=False)
 
-    async def _drive(self, execution: Execution) -> None:
-        with anyio.CancelScope() as scope:
-            execution._cancel_scope = scope
-            if execution._cancel_requested:
-                scope.cancel()
+    async def _drive(self, driver: ExecutionDriver) -> None:
+        with driver.cancel_scope():
             async with self._lock:
                 try:
-                    kernel = await self._get_kernel()
+                    kernel = await self._kernels.get()
                 except KernelStartError as exc:
-                    execution._fail(exc)
+                    driver.fail(exc)
                     return
-                await self._run(kernel, execution)
-        if not execution.done:
-            execution._fail(ExecutionCancelled("the execution was cancelled"))
+                await self._run(kernel, driver)
+        if not driver.done:
+            driver.fail(ExecutionCancelled("the execution was cancelled"))
 
-    async def _run(self, kernel: Kernel, execution: Execution) -> None:
-        self._current, self._current_msg_id = execution, kernel.new_msg_id()
+    async def _run(self, kernel: Kernel, driver: ExecutionDriver) -> None:
+        self._current, self._current_msg_id = driver, kernel.new_msg_id()
         try:
-            await self._run_current(kernel, execution, self._current_msg_id)
+            await self._run_current(kernel, driver, self._current_msg_id)
         finally:
             self._current = self._current_msg_id = None
 
-    async def _run_current(self, kernel: Kernel, execution: Execution, msg_id: str) -> None:
-        collector = _Collector(self.workspace, execution, self.limits.output_chars)
+    async def _run_current(self, kernel: Kernel, driver: ExecutionDriver, msg_id: str) -> None:
+        execution = driver.execution
+        collector = OutputCollector(self.workspace, driver, self.limits.output_chars)
         finished = anyio.Event()
         error: IpyboxError | None = None
         timed_out = restarted = False
@@ -584,7 +430,7 @@ class CodeExecutor:
             else:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(consume)
-                    timed_out = not await _wait_budget(finished, execution)
+                    timed_out = not await driver.within_budget(finished)
                     if timed_out:
                         kernel.interrupt()
                         with anyio.move_on_after(self.timeouts.interrupt_grace):
@@ -602,7 +448,7 @@ class CodeExecutor:
                 if not finished.is_set():
                     await kernel.kill_and_wait()
             if execution.expired:
-                execution._fail(
+                driver.fail(
                     ExecutionCancelled(
                         f"the execution waited for an approval longer than its ttl of {execution.ttl:g} s and "
                         "was cancelled; the kernel was interrupted and keeps its state"
@@ -610,20 +456,20 @@ class CodeExecutor:
                 )
                 self._release(execution, f"was cancelled after waiting longer than its ttl of {execution.ttl:g} s")
             else:
-                execution._fail(ExecutionCancelled("the execution was cancelled; the kernel was interrupted"))
+                driver.fail(ExecutionCancelled("the execution was cancelled; the kernel was interrupted"))
             raise
         duration = anyio.current_time() - start
         text = collector.text()
         if timed_out:
             assert execution.timeout is not None
-            execution._fail(ExecutionTimeout(execution.timeout, restarted=restarted, output=text))
+            driver.fail(ExecutionTimeout(execution.timeout, restarted=restarted, output=text))
         elif error is not None:
-            execution._fail(error)
+            driver.fail(error)
         elif collector.error is not None:
             e = collector.error
-            execution._fail(CodeExecutionError(e.ename, e.evalue, _clean_traceback(e.traceback), output=text))
+            driver.fail(CodeExecutionError(e.ename, e.evalue, clean_traceback(e.traceback), output=text))
         else:
-            execution._succeed(collector.result(duration))
+            driver.succeed(collector.result(duration))
 
     # -- tools --------------------------------------------------------------------------
 
@@ -659,27 +505,25 @@ class CodeExecutor:
             raise UsageError("install_package needs a 'package' string")
         return await self.install(package)
 
-    async def _gate(self, call: ToolCall) -> None:
-        execution = self._current
+    async def _gate(self, call: ToolRequest, *, server: str, annotations: Mapping[str, Any] | None) -> ApprovalDecision:
+        driver = self._current
         # A thread or task keeps the id of the execution that started it (ipybox_kernel._context):
         # a call from one that outlived its execution must not be shown as the running one's.
-        if execution is None or call.execution is None or call.execution != self._current_msg_id:
-            raise ToolCallDenied(_STRAY_CALL)
-        request = execution._new_request(
-            server_name=call.server_name,
-            tool_name=call.tool_name,
+        if driver is None or call.execution is None or call.execution != self._current_msg_id:
+            return ApprovalDecision(approved=False, reason=_STRAY_CALL, by="policy")
+        request = driver.new_request(
+            server_name=call.server,
+            tool_name=call.tool,
             tool_args=call.arguments,
-            server=call.server,
-            annotations=call.annotations,
+            server=server,
+            annotations=annotations,
         )
-        policy: Approval = self.approval if execution.policy is None else execution.policy
-        decision = await decide_by_policy(policy, request)
+        own = driver.execution.policy
+        decision = await decide_by_policy(self.approval if own is None else own, request)
         if decision is None:
-            decision = await execution._ask(request, self.timeouts.approval)
-        else:
-            request.decide(decision)
-        if not decision.approved:
-            raise ToolCallDenied(decision.reason)
+            return await driver.ask(request, self.timeouts.approval)
+        request.decide(decision)
+        return decision
 
     # -- files --------------------------------------------------------------------------
 
@@ -715,130 +559,3 @@ class CodeExecutor:
             functools.partial(copy_file, self.workspace, src, Path(dst), max_bytes=max_bytes, fix=fix)
         )
         return Path(dst)
-
-
-@functools.cache
-def _check_bytecode() -> None:
-    """Warn once per process when sandboxed kernels will compile ipykernel & co. on every start."""
-    if bytecode_missing():
-        logger.warning(
-            "the Python environment has no compiled bytecode for ipykernel; each sandboxed kernel start "
-            "compiles it again (~0.3 s). Install with bytecode: pip does by default, uv needs "
-            "'--compile-bytecode' (or UV_COMPILE_BYTECODE=1); or run 'python -m compileall' on site-packages."
-        )
-
-
-async def _wait_budget(finished: anyio.Event, execution: Execution) -> bool:
-    """Wait until ``finished``; False if the execution's time ran out first.
-
-    The clock stops while tool calls wait for approval.
-    """
-    if execution.timeout is None:
-        await finished.wait()
-        return True
-    remaining = execution.timeout
-    while not finished.is_set():
-        changed = execution._pending_changed
-        if execution._pending:
-            await wait_any(finished, changed)
-            continue
-        if remaining <= 0:
-            return False
-        begin = anyio.current_time()
-        with anyio.move_on_after(remaining):
-            await wait_any(finished, changed)
-        remaining -= anyio.current_time() - begin
-    return True
-
-
-def _clean_traceback(lines: list[str]) -> str:
-    kept = [strip_ansi(line) for line in lines if "ipybox_kernel" not in line]
-    return "\n".join(kept)
-
-
-class _Collector:
-    """Turns kernel events into chunks and the result, within the output cap."""
-
-    def __init__(self, workspace: Path, execution: Execution, cap: int) -> None:
-        self._workspace = workspace
-        self._execution = execution
-        self._room = cap
-        self._text: list[str] = []
-        self._images: list[Image] = []
-        self._outputs: list[Output] = []
-        self.truncated = 0
-        self.error: Error | None = None
-        self.execution_count: int | None = None
-
-    def _take(self, size: int) -> int:
-        """Claim room for ``size`` characters; returns how many fit."""
-        fits = min(size, self._room)
-        self._room -= fits
-        self.truncated += size - fits
-        return fits
-
-    def _emit_text(self, text: str, stream: Literal["stdout", "stderr", "result"]) -> None:
-        fits = self._take(len(text))
-        if fits:
-            text = text[:fits]
-            self._text.append(text)
-            self._execution._emit(CodeExecutionChunk(text=text, stream=stream))
-
-    def add(self, event: KernelEvent) -> None:
-        match event:
-            case Stream(name=name, text=text):
-                self._emit_text(text, name)
-            case Display(data=data) if _TRUNCATED_MIME in data:
-                report: object = data[_TRUNCATED_MIME]
-                dropped = cast("dict[str, object]", report).get("dropped") if isinstance(report, dict) else None
-                if isinstance(dropped, int) and dropped > 0:
-                    self.truncated += dropped
-            case Display(kind=kind, data=data, metadata=metadata):
-                size = sum(len(v) if isinstance(v, str) else len(json.dumps(v)) for v in data.values())
-                if self._take(size) < size:
-                    return
-                self._outputs.append(Output(data=dict(data), metadata=dict(metadata), kind=kind))
-                self._save_images(data)
-                plain = data.get("text/plain")
-                if isinstance(plain, str) and not any(m in data for m in IMAGE_TYPES):
-                    self._room += len(plain)  # already paid for as part of the bundle
-                    self._emit_text(plain + "\n", "result")
-            case Error():
-                self.error = event
-            case Reply(execution_count=count):
-                self.execution_count = count
-            case Dropped(size=size):
-                # Dropped unread by the host, so counted in bytes as sent rather than in characters.
-                self.truncated += size
-
-    def _save_images(self, data: Mapping[str, Any]) -> None:
-        for mime, suffix in IMAGE_TYPES.items():
-            content = data.get(mime)
-            if not isinstance(content, str):
-                continue
-            try:
-                raw = content.encode() if mime == "image/svg+xml" else base64.b64decode(content, validate=False)
-            except ValueError:
-                continue
-            name = f"images/{self._execution.id}-{len(self._images) + 1}{suffix}"
-            try:
-                path: Path | None = write_file(self._workspace, name, raw)
-            except (OSError, UsageError):
-                path = None
-            self._images.append(Image(mime=mime, data=raw, path=path))
-
-    def text(self) -> str:
-        return "".join(self._text)
-
-    def result(self, duration: float) -> CodeExecutionResult:
-        text = self.text()
-        if self.truncated:
-            text += f"\n[ipybox: output truncated, {self.truncated} characters dropped]\n"
-        return CodeExecutionResult(
-            text=text,
-            images=tuple(self._images),
-            outputs=tuple(self._outputs),
-            execution_count=self.execution_count,
-            duration=duration,
-            truncated_chars=self.truncated,
-        )

@@ -52,7 +52,7 @@ from mcp_types import (
 from pydantic import BaseModel, Field
 
 from . import __version__
-from ._approval import ApprovalDecision, ApprovalRequest, ApprovalRules
+from ._approval import ApprovalCallback, ApprovalDecision, ApprovalRequest, ApprovalRules
 from ._codegen import generate_mcp_sources
 from ._config import Limits, SandboxConfig, Timeouts
 from ._events import wait_any
@@ -117,9 +117,6 @@ class _Session:
     startup_notes: list[str] = field(default_factory=list[str])
     notice: str = ""
     """Told to the model with the next cell's output (the kernel was restarted after being idle)."""
-    ctx: Context | None = None
-    """The request whose code is running now: approval prompts are sent to its client."""
-    code: str = ""
     lock: anyio.Lock = field(default_factory=anyio.Lock)
     ready: anyio.Event = field(default_factory=anyio.Event)
     closed: anyio.Event = field(default_factory=anyio.Event)
@@ -194,7 +191,7 @@ class _Session:
             limits=Limits(memory=config.memory),
             timeouts=Timeouts(execution=config.timeout, approval=config.approval_timeout),
             tools_dir=self.tools_dir,
-            approval=self._approve,
+            approval=self.approval_for(None, ""),
         )
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -255,7 +252,11 @@ class _Session:
 
     # -- approval --------------------------------------------------------------------------
 
-    async def _approve(self, request: ApprovalRequest) -> ApprovalDecision:
+    def approval_for(self, ctx: Context | None, code: str) -> ApprovalCallback:
+        """The approval policy of one request's execution: prompts go to that request's client."""
+        return functools.partial(self._approve, ctx, code)
+
+    async def _approve(self, ctx: Context | None, code: str, request: ApprovalRequest) -> ApprovalDecision:
         config = self.config
         rules = ApprovalRules(
             allow=config.allow,
@@ -266,7 +267,6 @@ class _Session:
         decision = rules.decide(request)
         if decision is not None:
             return decision
-        ctx = self.ctx
         name = f"{request.server_name}.{request.tool_name}"
         capabilities = ctx.client_capabilities if ctx is not None else None
         can_ask = ctx is not None and ctx.request_context.session.can_send_request
@@ -281,7 +281,7 @@ class _Session:
                 ),
             )
         try:
-            answer = await ctx.elicit(_approval_message(request, self.code), _ApprovalForm)
+            answer = await ctx.elicit(_approval_message(request, code), _ApprovalForm)
         except (MCPError, ValueError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
             # No answer (an error, an invalid form, a client that went away) means no.
             logger.warning("elicitation for %s failed: %r", name, exc)
@@ -518,8 +518,9 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
         session = await session_of(ctx)
         async with session.use() as executor, session.lock:
             notice, session.notice = session.notice, ""
-            session.ctx, session.code = ctx, code
-            execution = executor.execute(code, timeout=timeout or config.timeout)
+            execution = executor.execute(
+                code, timeout=timeout or config.timeout, approval=session.approval_for(ctx, code)
+            )
             try:
                 result = await execution
             except anyio.get_cancelled_exc_class():
@@ -536,8 +537,6 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
                 return _error_result(f"{notice}TimeoutError: {exc}.\n{shown}")
             except (ExecutionError, KernelError) as exc:
                 return _error_result(f"{notice}{type(exc).__name__}: {exc}")
-            finally:
-                session.ctx, session.code = None, ""
         content = _result_content(result, limit)
         if notice:
             content.insert(0, TextContent(text=notice))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
 import anyio
 import pytest
+from memory_support import resident
 
 from ipybox import (
     CodeExecutionChunk,
@@ -16,8 +18,15 @@ from ipybox import (
     ExecutionCancelled,
     ExecutionLost,
 )
+from ipybox._executor import _RELEASED_KEYS
 
 pytestmark = pytest.mark.anyio
+
+WARMUP_EXECUTIONS = 200
+KEYED_EXECUTIONS = 5_000
+# Remembered keys (bounded by _RELEASED_KEYS) and allocator noise stay within a few MiB; one
+# Execution with its log kept per key would take several times this.
+KEYED_MEMORY_GROWTH = 16 * 2**20
 
 
 async def test_a_second_consumer_replays_the_event_log_from_any_index(executor: CodeExecutor) -> None:
@@ -95,3 +104,26 @@ async def test_cancelling_a_queued_execution_never_runs_it(workspace: Path) -> N
         with pytest.raises(ExecutionCancelled):
             await queued
         assert (await ex.execute("ran")).text == "False\n"
+
+
+# 5,000 round trips to the kernel: ~15 s on an idle machine, several times that on a loaded one.
+@pytest.mark.timeout(300)
+async def test_five_thousand_keyed_executions_leave_no_execution_behind_and_memory_flat(
+    executor: CodeExecutor,
+) -> None:
+    # Warm up first: the kernel client's caches and the interpreter's free lists fill once.
+    for n in range(WARMUP_EXECUTIONS):
+        await executor.execute("pass", key=f"warmup-{n}")
+    gc.collect()
+    before = resident()
+    for n in range(KEYED_EXECUTIONS):
+        await executor.execute("pass", key=f"flat-{n}")
+    gc.collect()
+    growth = resident() - before
+    print(f"host RSS grew by {growth / 2**20:.1f} MiB over {KEYED_EXECUTIONS} keyed executions")
+    assert executor._by_key == {}
+    # Released keys are remembered within a bound, so none of them can run twice.
+    assert len(executor._released) <= _RELEASED_KEYS
+    with pytest.raises(ExecutionLost, match="not run again"):
+        executor.execute("pass", key=f"flat-{KEYED_EXECUTIONS - 1}")
+    assert growth < KEYED_MEMORY_GROWTH, f"host RSS grew by {growth / 2**20:.1f} MiB"

@@ -18,8 +18,9 @@ from jupyter_client.manager import AsyncKernelManager
 from servers.fixtures import KERNEL_TIMEOUT, tool_channel
 
 import ipybox_kernel
+from ipybox._approval import ApprovalDecision
+from ipybox._channel import ToolRequest
 from ipybox._mcp import HttpServer
-from ipybox._toolserver import ToolCall
 
 pytestmark = pytest.mark.anyio
 
@@ -139,14 +140,15 @@ async def test_interrupting_a_waiting_call_cancels_it_on_the_host_and_the_next_c
 ) -> None:
     asked, cancelled = anyio.Event(), anyio.Event()
 
-    async def gate(call: ToolCall) -> None:
-        if call.tool_name != "delete_item":
-            return
+    async def gate(request: ToolRequest, **_: Any) -> ApprovalDecision:
+        if request.tool != "delete_item":
+            return ApprovalDecision(approved=True)
         asked.set()
         try:
             await anyio.sleep_forever()
         finally:
             cancelled.set()
+        raise AssertionError("this gate only ends by being cancelled")
 
     code = (
         "from ipybox_kernel import call_tool\n"
@@ -174,14 +176,15 @@ async def test_interrupting_a_waiting_call_cancels_it_on_the_host_and_the_next_c
 async def test_cancelling_an_awaited_call_cancels_it_on_the_host(streamable_http_server: HttpServer) -> None:
     asked, cancelled = anyio.Event(), anyio.Event()
 
-    async def gate(call: ToolCall) -> None:
-        if call.tool_name != "delete_item":
-            return
+    async def gate(request: ToolRequest, **_: Any) -> ApprovalDecision:
+        if request.tool != "delete_item":
+            return ApprovalDecision(approved=True)
         asked.set()
         try:
             await anyio.sleep_forever()
         finally:
             cancelled.set()
+        raise AssertionError("this gate only ends by being cancelled")
 
     code = (
         "import asyncio\n"
@@ -225,10 +228,11 @@ async def _execute(km: AsyncKernelManager, code: str) -> tuple[str, list[dict[st
 async def test_in_an_ipython_kernel_images_are_displayed_and_calls_carry_the_cell_id(
     streamable_http_server: HttpServer,
 ) -> None:
-    seen: list[ToolCall] = []
+    seen: list[ToolRequest] = []
 
-    async def gate(call: ToolCall) -> None:
-        seen.append(call)
+    async def gate(request: ToolRequest, **_: Any) -> ApprovalDecision:
+        seen.append(request)
+        return ApprovalDecision(approved=True)
 
     code = (
         "from ipybox_kernel import call_tool, acall_tool\n"

@@ -5,8 +5,10 @@ Real kernel in the real sandbox, generated modules, the project's test MCP serve
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncGenerator
+import logging
+from collections.abc import AsyncGenerator, Generator
 from pathlib import Path
 
 import anyio
@@ -26,6 +28,7 @@ from ipybox import (
     StdioServer,
     Timeouts,
     UsageError,
+    _execution,
     generate_mcp_sources,
 )
 from ipybox._approval import Approval
@@ -490,3 +493,78 @@ async def test_a_keyed_execution_is_released_once_its_outcome_was_delivered(aski
             pass
     with pytest.raises(ExecutionLost):
         asking.attach("deliver-error")
+
+
+class _Records(logging.Handler):
+    """Keeps the records of one logger and wakes a waiting test when one arrives."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+        self.arrived = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        self.arrived.set()
+
+
+@pytest.fixture
+def unanswered_warnings(monkeypatch: pytest.MonkeyPatch) -> Generator[_Records]:
+    # The grace is 10 s in production; a short one keeps the tests fast and changes nothing else.
+    monkeypatch.setattr(_execution, "UNANSWERED_WARNING_AFTER", 0.2)
+    handler = _Records()
+    _execution.logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        _execution.logger.removeHandler(handler)
+
+
+async def test_an_approval_request_left_unanswered_after_the_consumer_moved_on_is_logged_with_the_fix(
+    asking: CodeExecutor, unanswered_warnings: _Records
+) -> None:
+    execution = asking.execute("from mcptools.test import greet\nprint(greet.run({'name': 'late'}))")
+    requests: list[ApprovalRequest] = []
+    with anyio.fail_after(30):
+        async with contextlib.aclosing(execution.events()) as events:
+            async for event in events:
+                if isinstance(event, ApprovalRequest):
+                    requests.append(event)
+                    break  # the consumer moves on without answering
+        await unanswered_warnings.arrived.wait()
+    [request] = requests
+    [record] = unanswered_warnings.records
+    message = record.getMessage()
+    assert request.id in message and "test.greet(name='late')" in message
+    assert "request.accept()" in message and "approval policy" in message
+    await request.accept()
+    assert (await execution).text == "Hello, late!\n"
+
+
+async def test_a_consumer_busy_with_an_approval_request_is_not_warned_about(
+    asking: CodeExecutor, unanswered_warnings: _Records
+) -> None:
+    code = "from mcptools.test import greet\nprint(greet.run({'name': 'slow'}))"
+    with anyio.fail_after(30):
+        async for event in asking.execute(code):
+            if isinstance(event, ApprovalRequest):
+                # A person thinks it over for longer than the grace while the consumer holds the event.
+                with anyio.move_on_after(1.0):
+                    await unanswered_warnings.arrived.wait()
+                await event.accept()
+    assert unanswered_warnings.records == []
+
+
+async def test_a_keyed_execution_with_a_ttl_paused_on_approval_is_not_warned_about(
+    asking: CodeExecutor, unanswered_warnings: _Records
+) -> None:
+    code = "from mcptools.test import greet\ngreet.run({'name': 'adapter'})"
+    # Paused on purpose the way framework adapters leave it; the ttl is five graces long.
+    execution = asking.execute(code, key="adapter-pause", ttl=1.0)
+    seen: list[object] = []
+    with anyio.fail_after(30), pytest.raises(ExecutionCancelled, match="ttl"):
+        async for event in execution:
+            seen.append(event)  # looked at, never answered
+    assert execution.expired
+    assert any(isinstance(event, ApprovalRequest) for event in seen)
+    assert unanswered_warnings.records == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import errno
 import json
 import os
 import select
@@ -12,6 +13,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +22,12 @@ import pytest
 from servers.fixtures import SERVER_SCRIPT, Channel, RecordingGate, stdio_server, tool_channel, wait_for_exit
 from servers.test_server import png_bytes
 
-from ipybox._channel import MAX_LINE_BYTES
+from ipybox._approval import ApprovalDecision
+from ipybox._channel import MAX_LINE_BYTES, ToolRequest
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer
-from ipybox._toolserver import HANGUP_WATCH_AFTER, ToolCall, ToolCallDenied, ToolServer
+from ipybox._toolerrors import ToolCallFailed, tool_errors
+from ipybox._toolserver import HANGUP_WATCH_AFTER, ToolServer
 
 pytestmark = pytest.mark.anyio
 
@@ -119,13 +123,13 @@ async def test_the_gate_sees_the_real_command_line_or_url_and_once_the_server_ra
     assert first.annotations is None
     assert lookup.annotations == {"readOnlyHint": True}
     assert delete.annotations == {"readOnlyHint": False, "destructiveHint": True}
-    assert (delete.server_name, delete.tool_name, delete.arguments) == (
+    assert (delete.server_name, delete.tool_name, delete.request.arguments) == (
         "test",
         "delete_item",
         {"item_id": "7"},
     )
     assert delete.seq > lookup.seq
-    assert delete.execution is None  # the stand-in kernel is not IPython
+    assert delete.request.execution is None  # the stand-in kernel is not IPython
 
 
 async def test_after_a_reset_the_gate_still_sees_the_annotations_of_the_last_listing_and_no_server_runs() -> None:
@@ -135,7 +139,7 @@ async def test_after_a_reset_the_gate_still_sees_the_annotations_of_the_last_lis
         await channel.tool_server.reset()
         await wait_for_exit(pid)
         rejected = await channel.call("test", "lookup", {"key": "k"})
-        assert channel.tool_server._entries["test"].live is None
+        assert channel.tool_server._sessions._entries["test"].live is None
     assert rejected["error"] == "ToolCallRejected"
     assert gate.calls[-1].annotations == {"readOnlyHint": True}
 
@@ -172,7 +176,7 @@ async def test_a_rejected_call_raises_tool_call_rejected_with_the_reason_and_nev
 async def test_a_gate_that_fails_rejects_the_call_without_running_it(tmp_path: Path) -> None:
     log = tmp_path / "calls.log"
 
-    async def broken_gate(call: ToolCall) -> None:
+    async def broken_gate(request: ToolRequest, **_: Any) -> ApprovalDecision:
         raise KeyError("policy table missing")
 
     async with tool_channel({"test": stdio_server(call_log=log)}, broken_gate) as channel:
@@ -258,7 +262,7 @@ async def test_a_server_that_fails_to_start_reports_its_stderr_and_other_servers
 
 async def test_a_server_that_died_while_idle_is_restarted_on_the_next_call() -> None:
     async with tool_channel({"test": stdio_server()}) as channel:
-        channel.tool_server._idle_probe_after = 0.0
+        channel.tool_server._sessions.idle_probe_after = 0.0
         first = (await channel.call("test", "pid"))["structured"]["result"]
         os.kill(first, signal.SIGKILL)
         await wait_for_exit(first)
@@ -523,14 +527,15 @@ async def test_gathered_acall_tool_calls_run_concurrently(streamable_http_server
 async def test_approvals_of_parallel_calls_are_pending_at_the_same_time(
     streamable_http_server: HttpServer,
 ) -> None:
-    pending: list[ToolCall] = []
+    pending: list[ToolRequest] = []
     all_pending = anyio.Event()
 
-    async def gate(call: ToolCall) -> None:
-        pending.append(call)
+    async def gate(request: ToolRequest, **_: Any) -> ApprovalDecision:
+        pending.append(request)
         if len(pending) == 3:
             all_pending.set()
         await all_pending.wait()
+        return ApprovalDecision(approved=True)
 
     code = _GATHER.replace('"slow", {"seconds": 0.5}', '"slow", {"seconds": 0}').replace("0.5 s", "0 s")
     async with tool_channel({"test": streamable_http_server}, gate) as channel:
@@ -542,12 +547,13 @@ async def test_a_kernel_that_hangs_up_cancels_its_pending_approval_and_the_call(
     log = tmp_path / "calls.log"
     asked, cancelled = anyio.Event(), anyio.Event()
 
-    async def gate(call: ToolCall) -> None:
+    async def gate(request: ToolRequest, **_: Any) -> ApprovalDecision:
         asked.set()
         try:
             await anyio.sleep_forever()
         finally:
             cancelled.set()
+        raise AssertionError("this gate only ends by being cancelled")
 
     code = "from ipybox_kernel import call_tool; call_tool('test', 'delete_item', {'item_id': '7'})"
     async with tool_channel({"test": stdio_server(call_log=log)}, gate) as channel:
@@ -619,6 +625,29 @@ async def test_a_stale_socket_file_is_replaced(tmp_path: Path) -> None:
     assert not path.exists()
 
 
-def test_tool_call_denied_carries_its_reason() -> None:
-    assert ToolCallDenied("not today").reason == "not today"
-    assert ToolCallDenied().reason is None
+def _broken_stream() -> BaseException:
+    return anyio.BrokenResourceError()
+
+
+def _grouped_timeout() -> BaseException:
+    return ExceptionGroup("transport", [TimeoutError()])
+
+
+@pytest.mark.parametrize(
+    ("make", "kind", "text"),
+    [
+        (_broken_stream, "server_crashed", "the connection to the server ended"),
+        (_grouped_timeout, "timeout", "timed out on the host"),
+        (lambda: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/host/secret"), "tool_error", "No space left"),
+        (lambda: UsageError("needs a 'package' string"), "tool_error", "needs a 'package' string"),
+        (lambda: KeyError("host secret"), "internal", "failed on the host (KeyError)"),
+    ],
+)
+def test_every_foreign_error_leaves_the_boundary_as_one_tool_call_failure(
+    make: Callable[[], BaseException], kind: str, text: str
+) -> None:
+    with pytest.raises(ToolCallFailed) as caught, tool_errors("srv.tool"):
+        raise make()
+    assert caught.value.kind == kind
+    assert caught.value.message.startswith("srv.tool") and text in caught.value.message
+    assert "secret" not in caught.value.message

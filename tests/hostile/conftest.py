@@ -49,7 +49,7 @@ async def run(
 
 
 def kernel_of(executor: CodeExecutor) -> Kernel:
-    kernel = executor._kernel
+    kernel = executor._kernels.kernel
     assert kernel is not None
     return kernel
 

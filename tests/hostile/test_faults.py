@@ -338,9 +338,9 @@ async def test_cancelling_the_last_task_awaiting_an_execution_without_a_key_stop
                                 break
                     inner.cancel_scope.cancel()
                 # One waiter is left: the code runs on.
-                assert not execution._cancel_requested
+                assert not execution.cancel_requested
                 outer.cancel_scope.cancel()
-            assert execution._cancel_requested
+            assert execution.cancel_requested
             with pytest.raises(ExecutionCancelled):
                 await execution
         assert not marker.exists()

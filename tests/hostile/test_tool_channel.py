@@ -22,7 +22,7 @@ import anyio
 import pytest
 from servers.fixtures import stdio_server
 
-from ipybox import ApprovalRules, CodeExecutionError, CodeExecutor
+from ipybox import ApprovalRequest, ApprovalRules, CodeExecutionError, CodeExecutor
 from ipybox._channel import MAX_JSON_DEPTH, MAX_JSON_VALUES, MAX_LINE_BYTES, MAX_REPLY_BYTES
 from ipybox._toolserver import MAX_BUFFERED_BYTES, MAX_CONNECTIONS, BuiltinTool
 
@@ -272,9 +272,9 @@ async def return_no_text(arguments: Mapping[str, Any]) -> str:
 FAULTS: dict[str, tuple[BuiltinTool, str]] = {
     "timeout": (raise_timeout, "ToolCallTimeout | faults.timeout timed out on the host"),
     "os_error": (raise_os_error, "ToolExecutionError | faults.os_error failed on the host: No space left"),
-    "unexpected": (raise_unexpected, "ToolCallError | the call to tool 'unexpected' of 'faults' failed on the host"),
-    "group": (raise_group, "ToolCallError | the call to tool 'group' of 'faults' failed on the host"),
-    "no_text": (return_no_text, "ToolCallError | the call to tool 'no_text' of 'faults' failed on the host"),
+    "unexpected": (raise_unexpected, "ToolCallError | faults.unexpected failed on the host ("),
+    "group": (raise_group, "ToolCallError | faults.group failed on the host ("),
+    "no_text": (return_no_text, "ToolCallError | faults.no_text failed on the host ("),
 }
 
 
@@ -288,6 +288,28 @@ async def test_a_fault_in_a_built_in_tool_is_that_calls_error_and_the_executor_k
     result = await run(auto_executor, CATCH.format(server="faults", tool=fault, args={}))
     assert result.text.startswith(expected), result.text
     assert "secret" not in result.text
+    await still_works(auto_executor)
+
+
+async def test_an_approval_callback_that_raises_rejects_that_call_and_the_executor_keeps_working(
+    auto_executor: CodeExecutor,
+) -> None:
+    def broken(request: ApprovalRequest) -> bool:
+        raise OSError(errno.EIO, "approval store on /host/secret unreadable")
+
+    code = CATCH.format(server="test", tool="greet", args={"name": "x"})
+    result = await auto_executor.execute(code, approval=broken)
+    assert result.text.startswith("ToolCallRejected | "), result.text
+    assert "the approval callback failed (OSError)" in result.text and "secret" not in result.text
+    await still_works(auto_executor)
+
+
+async def test_a_server_that_exits_mid_call_is_that_calls_crash_and_the_next_call_starts_it_again(
+    auto_executor: CodeExecutor,
+) -> None:
+    code = CATCH.format(server="test", tool="crash", args={})
+    result = await run(auto_executor, code)
+    assert result.text.startswith("MCPServerCrashed | "), result.text
     await still_works(auto_executor)
 
 
@@ -308,8 +330,8 @@ async def test_a_reply_over_the_limit_is_that_calls_error_and_the_executor_keeps
         mcp = await run(auto_executor, CATCH.format(server="test", tool="greet", args={"name": "x" * limit}))
     finally:
         tools._max_reply_bytes = MAX_REPLY_BYTES
-    for result, tool in ((builtin, "'huge'"), (mcp, "'greet'")):
-        assert result.text.startswith("ToolCallError | the result of tool " + tool), result.text
+    for result, name in ((builtin, "faults.huge"), (mcp, "test.greet")):
+        assert result.text.startswith(f"ToolCallError | the result of {name} is "), result.text
         assert f"the limit is {limit} bytes" in result.text
     await still_works(auto_executor)
 

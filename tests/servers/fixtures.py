@@ -23,13 +23,16 @@ from typing import Any, Literal
 import anyio
 import pytest
 
+from ipybox._approval import ApprovalDecision
+from ipybox._channel import ToolRequest
 from ipybox._kernel._process import wait_for_exit as process_exit
 from ipybox._mcp import HttpServer, StdioServer
-from ipybox._toolserver import ToolCall, ToolCallDenied, ToolServer
+from ipybox._toolserver import ToolServer
 
 __all__ = (
     "SERVER_SCRIPT",
     "Channel",
+    "GateCall",
     "RecordingGate",
     "http_server",
     "server_params",
@@ -131,17 +134,41 @@ def server_params(request: pytest.FixtureRequest) -> StdioServer | HttpServer:
     return request.getfixturevalue("streamable_http_server" if request.param == "streamable-http" else "sse_server")
 
 
+@dataclass(frozen=True)
+class GateCall:
+    """What a gate was asked about: the request and what the host knows of its server."""
+
+    request: ToolRequest
+    server: str
+    annotations: Mapping[str, Any] | None
+
+    @property
+    def server_name(self) -> str:
+        return self.request.server
+
+    @property
+    def tool_name(self) -> str:
+        return self.request.tool
+
+    @property
+    def seq(self) -> int:
+        return self.request.seq
+
+
 @dataclass
 class RecordingGate:
     """A gate that records every call it is asked about and rejects the tools listed in `deny`."""
 
     deny: dict[str, str | None] = field(default_factory=dict[str, "str | None"])
-    calls: list[ToolCall] = field(default_factory=list[ToolCall])
+    calls: list[GateCall] = field(default_factory=list[GateCall])
 
-    async def __call__(self, call: ToolCall) -> None:
-        self.calls.append(call)
-        if call.tool_name in self.deny:
-            raise ToolCallDenied(self.deny[call.tool_name])
+    async def __call__(
+        self, request: ToolRequest, /, *, server: str, annotations: Mapping[str, Any] | None
+    ) -> ApprovalDecision:
+        self.calls.append(GateCall(request, server, annotations))
+        if request.tool in self.deny:
+            return ApprovalDecision(approved=False, reason=self.deny[request.tool])
+        return ApprovalDecision(approved=True)
 
     @property
     def tools(self) -> list[str]:

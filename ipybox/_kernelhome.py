@@ -1,0 +1,121 @@
+"""What a kernel gets from its executor's host side: its environment, its read-only mounts, and the
+executor's private directory (tool socket, installed packages, import root), restored if deleted."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import stat
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from ._config import SandboxConfig
+from ._exceptions import KernelStartError, UsageError
+from ._kernel import bytecode_missing
+from ._manifest import MANIFEST_DIR
+from ._toolserver import ToolServer
+
+__all__ = ("IMPORT_ROOT", "check_bytecode", "hidden_paths", "kernel_env", "kernel_sandbox", "restore_home")
+
+logger = logging.getLogger(__name__)
+
+# Variables the kernel needs from the host's environment; nothing else is passed on.
+_PASSED_ENV = ("LANG", "LC_ALL", "TZ")
+# The executor's private directory that holds only a link to the tools directory, for PYTHONPATH.
+IMPORT_ROOT = "imports"
+
+
+def kernel_env(
+    home: Path, token: str, *, tools: Path | None, sandboxed: bool, extra: Mapping[str, str]
+) -> dict[str, str]:
+    """The kernel's whole environment: what Python needs, the tool channel, and ``extra``."""
+    env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
+    env.setdefault("LANG", "C.UTF-8")
+    env.update(
+        {
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+            "PYTHONNOUSERSITE": "1",
+            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+            "TERM": "dumb",
+            "NO_COLOR": "1",
+        }
+    )
+    # Host-owned directories only: the workspace is appended to the end of sys.path by the
+    # kernel's launcher, so nothing planted there shadows the tools or installed packages.
+    paths = [str(home / "packages")]
+    if tools is not None:
+        paths.insert(0, str(home / IMPORT_ROOT))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["IPYBOX_TOOL_SOCKET"] = str(home / "tools.sock")
+    env["IPYBOX_TOOL_TOKEN"] = token
+    if sandboxed:
+        # ipykernel's parent poller would see the PID namespace's init as its parent and exit;
+        # the sandbox's --die-with-parent does that job instead.
+        env["JPY_PARENT_PID"] = "1"
+        env["HOME"] = "/tmp"
+        env["IPYTHONDIR"] = "/tmp/.ipython"
+    env.update(extra)
+    return env
+
+
+def kernel_sandbox(sandbox: SandboxConfig | None, home: Path, *, tools: Path | None) -> SandboxConfig | None:
+    """``sandbox`` with the executor's private paths added read-only."""
+    if sandbox is None:
+        return None
+    # The socket, the packages and the import root are host-owned: the kernel may use them, not
+    # change them.
+    extra = [home / "tools.sock", home / "packages"]
+    if tools is not None:
+        extra.append(home / IMPORT_ROOT)
+    return dataclasses.replace(sandbox, ro_paths=[*sandbox.ro_paths, *extra])
+
+
+def hidden_paths(tools: Path | None) -> list[Path]:
+    """Paths under the mounted tools directory that the kernel must not see."""
+    # The manifest holds server parameters (commands, URLs, maybe secrets): host only.
+    if tools is not None and (tools / MANIFEST_DIR).is_dir():
+        return [tools / MANIFEST_DIR]
+    return []
+
+
+def restore_home(home: Path, tools: ToolServer) -> None:
+    """Recreate the executor's private directory and tool socket if they were deleted (a ``/tmp``
+    cleaner), so that the next kernel can mount them.
+
+    Raises:
+        KernelStartError: They cannot be restored; the message names the cause.
+    """
+    try:
+        try:
+            os.mkdir(home, 0o700)
+        except FileExistsError:
+            info = os.lstat(home)
+            # A /tmp name: after a deletion anyone may have created it, and it would hold the
+            # tool socket and the kernel's importable packages.
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+                raise KernelStartError(
+                    f"the executor's private directory {str(home)!r} was replaced by one this process "
+                    f"does not own exclusively (uid {info.st_uid}, mode {oct(info.st_mode)}); remove it, "
+                    "or start a new CodeExecutor"
+                ) from None
+        (home / "packages").mkdir(exist_ok=True)
+        tools.rebind()
+    except (OSError, UsageError) as exc:
+        raise KernelStartError(
+            f"the executor's private directory {str(home)!r} (tool socket, packages) was deleted and "
+            f"cannot be recreated ({exc}); free the cause, or start a new CodeExecutor"
+        ) from exc
+
+
+@functools.cache
+def check_bytecode() -> None:
+    """Warn once per process when sandboxed kernels will compile ipykernel & co. on every start."""
+    if bytecode_missing():
+        logger.warning(
+            "the Python environment has no compiled bytecode for ipykernel; each sandboxed kernel start "
+            "compiles it again (~0.3 s). Install with bytecode: pip does by default, uv needs "
+            "'--compile-bytecode' (or UV_COMPILE_BYTECODE=1); or run 'python -m compileall' on site-packages."
+        )

@@ -1,0 +1,342 @@
+"""The MCP side of the tool server: registered servers, their long-lived sessions, and calls.
+
+A server is started (or connected to) only for a call that was approved, so kernel code cannot
+start host processes by asking. Sessions are shared by concurrent calls, probed after being idle,
+started again after a crash, and closed on `Sessions.reset` and when the tool server stops. Each
+one is owned by a task in the tool server's task group. Every failure of a call comes out as
+`ToolCallFailed` through the one boundary, `tool_errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import tempfile
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import anyio
+import anyio.abc
+from mcp import ClientSession
+from mcp import types as mcp_types
+
+from ._channel import ToolRequest, ToolResultReply
+from ._exceptions import UsageError
+from ._mcp import HttpServer, StdioServer, describe_server, open_session, parse_server_params
+from ._toolerrors import ToolCallFailed, tool_errors
+
+__all__ = ("IDLE_PROBE_AFTER", "PROBE_TIMEOUT", "STDERR_TAIL_BYTES", "Sessions", "Target")
+
+logger = logging.getLogger(__name__)
+
+# A server can exit unseen while a session is idle; after this long unused, a ping checks it first.
+IDLE_PROBE_AFTER = 5.0
+# A live server answers a ping within milliseconds; a slower one is busy, and the call goes ahead.
+PROBE_TIMEOUT = 2.0
+# Enough of a failed server's stderr for its error and a short traceback, small enough for a message.
+STDERR_TAIL_BYTES = 4096
+
+
+@dataclass(eq=False, kw_only=True)
+class _Session:
+    """One live MCP session, owned by a task in the tool server's task group."""
+
+    session: ClientSession
+    tools: dict[str, mcp_types.Tool]
+    stderr: IO[str]
+    last_used: float
+    close_requested: anyio.Event = field(default_factory=anyio.Event)
+    closed: anyio.Event = field(default_factory=anyio.Event)
+    close_reason: str | None = None
+    final_stderr: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        return not self.close_requested.is_set()
+
+    def close(self, reason: str) -> None:
+        if self.close_reason is None:
+            self.close_reason = reason
+        self.close_requested.set()
+
+    def stderr_tail(self) -> str:
+        if self.final_stderr is not None:
+            return self.final_stderr
+        return _read_tail(self.stderr)
+
+
+@dataclass(eq=False)
+class _Entry:
+    """A registered server and, once connected, its session."""
+
+    name: str
+    params: StdioServer | HttpServer
+    description: str
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    live: _Session | None = None
+    tools: dict[str, mcp_types.Tool] | None = None
+    """The server's tools as it last listed them; kept after its session closes, for the gate."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the gate is told about the server of a call, before it is approved."""
+
+    server: str
+    """What the host will run or call: the command line or URL (no secret values)."""
+    annotations: Mapping[str, Any] | None
+    """The tool's MCP annotations as last listed; None before the server was ever connected."""
+
+
+class Sessions:
+    """The registered MCP servers by name, and a session with each one that is in use.
+
+    Args:
+        call_timeout: Seconds one MCP call may take, not counting approval; None for no limit.
+        connect_timeout: Seconds to start or reach a server and list its tools.
+    """
+
+    def __init__(self, *, call_timeout: float | None, connect_timeout: float) -> None:
+        self.call_timeout = call_timeout
+        self.connect_timeout = connect_timeout
+        self.idle_probe_after = IDLE_PROBE_AFTER
+        self.task_group: anyio.abc.TaskGroup | None = None
+        """Owns the sessions; set by the tool server while it runs."""
+        self._entries: dict[str, _Entry] = {}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    @property
+    def servers(self) -> Mapping[str, StdioServer | HttpServer]:
+        """The registered servers by name (a read-only snapshot)."""
+        return types.MappingProxyType({name: entry.params for name, entry in self._entries.items()})
+
+    def register(self, name: str, params: StdioServer | HttpServer | Mapping[str, Any]) -> None:
+        """Register (or replace) a server; see `ToolServer.register`."""
+        parsed = parse_server_params(params)
+        old = self._entries.get(name)
+        if old is not None and old.live is not None:
+            old.live.close(f"MCP server {name!r} was registered again")
+        self._entries[name] = _Entry(name, parsed, describe_server(parsed))
+
+    async def reset(self) -> None:
+        """Close every session; servers are started again on their next call."""
+        lives = [entry.live for entry in self._entries.values() if entry.live is not None]
+        for live in lives:
+            live.close("the tool server was reset")
+        self.forget_sessions()
+        for live in lives:
+            await live.closed.wait()
+
+    def forget_sessions(self) -> None:
+        """Drop every session (their owner tasks are gone or going)."""
+        for entry in self._entries.values():
+            entry.live = None
+
+    async def target(self, request: ToolRequest) -> Target:
+        """What the gate sees of the request's server, without starting it.
+
+        Raises:
+            ToolCallFailed: No such server; or it is connected and has no such tool.
+        """
+        entry = self._entry(request)
+        live = entry.live
+        if live is not None and live.usable:
+            # Connected already: an unknown tool is refused without asking the application.
+            spec = await self._find_tool(entry, live, request)
+        else:
+            # Not connected, and not to be before this call is approved: the gate gets the
+            # annotations of the server's last listing, if there was one.
+            spec = entry.tools.get(request.tool) if entry.tools is not None else None
+        annotations = (
+            spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True)
+            if spec is not None and spec.annotations
+            else None
+        )
+        return Target(entry.description, annotations)
+
+    async def call(self, request: ToolRequest) -> ToolResultReply:
+        """Make an approved call: start or reach its server if needed, then call the tool.
+
+        Raises:
+            ToolCallFailed: The server could not be started, the tool is unknown, or the call failed.
+        """
+        entry = self._entry(request)
+        # Started here if it is not running; or, approval having taken long, reset or replaced meanwhile.
+        live = await self._session(entry, request)
+        await self._find_tool(entry, live, request)
+        return await self._call(entry, live, request)
+
+    def _entry(self, request: ToolRequest) -> _Entry:
+        entry = self._entries.get(request.server)
+        if entry is None:
+            known = ", ".join(repr(n) for n in sorted(self._entries)) or "none"
+            raise ToolCallFailed(
+                "unknown_server",
+                f"no MCP server named {request.server!r} is registered with this executor (registered: {known})",
+            )
+        return entry
+
+    async def _find_tool(self, entry: _Entry, live: _Session, request: ToolRequest) -> mcp_types.Tool:
+        spec = live.tools.get(request.tool)
+        if spec is None:
+            # The server may have added the tool since it was listed.
+            with tool_errors(f"listing the tools of MCP server {entry.name!r}"):
+                with anyio.fail_after(self.connect_timeout):
+                    live.tools = entry.tools = await _list_all_tools(live.session)
+            spec = live.tools.get(request.tool)
+        if spec is None:
+            known = ", ".join(repr(n) for n in sorted(live.tools)) or "none"
+            raise ToolCallFailed(
+                "unknown_tool", f"MCP server {request.server!r} has no tool named {request.tool!r} (its tools: {known})"
+            )
+        return spec
+
+    async def _session(self, entry: _Entry, request: ToolRequest) -> _Session:
+        live = await self._connect(entry, request)
+        if anyio.current_time() - live.last_used < self.idle_probe_after:
+            return live
+        try:
+            with tool_errors(f"pinging MCP server {entry.name!r}"), anyio.move_on_after(PROBE_TIMEOUT):
+                await live.session.send_ping()
+        except ToolCallFailed as failed:
+            if failed.kind != "server_crashed":
+                return live  # it answered, if not with a pong: alive
+            live.close(f"MCP server {entry.name!r} had exited")
+            live = await self._connect(entry, request)
+        live.last_used = anyio.current_time()
+        return live
+
+    async def _connect(self, entry: _Entry, request: ToolRequest) -> _Session:
+        live = entry.live
+        if live is not None and live.usable:
+            return live  # the common case, without a checkpoint for the lock
+        async with entry.lock:
+            live = entry.live
+            if live is not None and live.usable:
+                return live
+            tg = self.task_group
+            if tg is None:
+                raise ToolCallFailed("internal", "the tool server is shutting down")
+            try:
+                live = await tg.start(self._own_session, entry)
+            except ToolCallFailed as failed:
+                failed.message += f"\n(while calling tool {request.tool!r})"
+                raise ToolCallFailed("server_start", failed.message, output=failed.output) from failed
+            except UsageError as exc:
+                raise ToolCallFailed("server_start", f"cannot start MCP server {entry.name!r}: {exc}") from exc
+            entry.live = live
+            entry.tools = live.tools
+            return live
+
+    async def _own_session(self, entry: _Entry, *, task_status: anyio.abc.TaskStatus[_Session]) -> None:
+        """Open a session, hand it out through ``task_status``, keep it open until asked to close."""
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
+            live: _Session | None = None
+            try:
+                with tool_errors(f"MCP server {entry.name!r} failed to start or connect"):
+                    async with open_session(
+                        entry.name, entry.params, connect_timeout=self.connect_timeout, errlog=stderr
+                    ) as session:
+                        with anyio.fail_after(self.connect_timeout):
+                            tools = await _list_all_tools(session)
+                        live = _Session(session=session, tools=tools, stderr=stderr, last_used=anyio.current_time())
+                        task_status.started(live)
+                        await live.close_requested.wait()
+            except ToolCallFailed as failed:  # top level of a background task: it must not end the tool server
+                if live is None:
+                    tail = _read_tail(stderr)
+                    if tail:
+                        failed.message += f"\nits stderr ends with:\n{tail}"
+                    failed.output = tail or None
+                    raise
+                logger.debug("the session with MCP server %r ended: %s", entry.name, failed)
+            finally:
+                if live is not None:
+                    live.final_stderr = _read_tail(stderr)
+                    live.close_requested.set()
+                    live.closed.set()
+
+    async def _call(self, entry: _Entry, live: _Session, request: ToolRequest) -> ToolResultReply:
+        server, tool, seq = request.server, request.tool, request.seq
+        deadline = math.inf if self.call_timeout is None else anyio.current_time() + self.call_timeout
+        result: mcp_types.CallToolResult | None = None
+        try:
+            with tool_errors(f"the call to tool {tool!r} of MCP server {server!r}"):
+                try:
+                    # A bare scope rather than fail_after: the same deadline at half the cost on every call.
+                    with anyio.CancelScope(deadline=deadline):
+                        result = await live.session.call_tool(tool, request.arguments)
+                except RuntimeError as exc:
+                    # The client checks structured results against the tool's output schema.
+                    raise ToolCallFailed(
+                        "tool_error", f"MCP server {server!r} returned an invalid result for tool {tool!r}: {exc}"
+                    ) from exc
+        except ToolCallFailed as failed:
+            if failed.kind == "server_crashed":
+                raise self._crashed(entry, live, request) from failed
+            raise
+        if result is None:  # the scope's deadline passed
+            assert self.call_timeout is not None
+            raise ToolCallFailed(
+                "timeout",
+                f"the call to tool {tool!r} of MCP server {server!r} timed out after {self.call_timeout:g} s "
+                "(the executor's tool call timeout)",
+                timeout=self.call_timeout,
+            )
+        live.last_used = anyio.current_time()
+        text = "\n".join(item.text for item in result.content if isinstance(item, mcp_types.TextContent))
+        if result.is_error:
+            raise ToolCallFailed(
+                "tool_error", f"tool {tool!r} of MCP server {server!r} failed: {text or 'no error message'}"
+            )
+        return ToolResultReply(
+            seq=seq,
+            structured=result.structured_content,
+            text=text,
+            content=[item.model_dump(by_alias=True, mode="json", exclude_none=True) for item in result.content],
+        )
+
+    def _crashed(self, entry: _Entry, live: _Session, request: ToolRequest) -> ToolCallFailed:
+        tail = live.stderr_tail()
+        if live.close_reason is not None:
+            why = f"the session was closed because {live.close_reason}"
+        else:
+            why = "the server exited or dropped the connection; the next call starts it again"
+            live.close(f"MCP server {entry.name!r} dropped the connection")
+        message = (
+            f"the connection to MCP server {request.server!r} ended during the call to tool {request.tool!r}: {why}"
+        )
+        if tail:
+            message += f"\nits stderr ends with:\n{tail}"
+        return ToolCallFailed("server_crashed", message, output=tail or None)
+
+
+async def _list_all_tools(session: ClientSession) -> dict[str, mcp_types.Tool]:
+    tools: dict[str, mcp_types.Tool] = {}
+    cursor: str | None = None
+    while True:
+        params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        page = await session.list_tools(params=params)
+        tools.update((tool.name, tool) for tool in page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+
+
+def _read_tail(stderr: IO[str]) -> str:
+    try:
+        fd = stderr.fileno()
+        size = os.fstat(fd).st_size
+        start = max(0, size - STDERR_TAIL_BYTES)
+        data = os.pread(fd, size - start, start)
+    except (OSError, ValueError):
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    if start > 0:
+        text = text.partition("\n")[2]
+    return text.strip()
