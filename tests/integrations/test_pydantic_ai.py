@@ -7,6 +7,7 @@ FunctionModel, which calls ``execute_code`` with scripted code and then answers 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -309,3 +310,21 @@ def test_importing_ipybox_integrations_imports_no_framework() -> None:
     probe = "import sys, ipybox, ipybox.integrations; print(*sorted(sys.modules))"
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
     assert not {"pydantic_ai", "pydantic_graph"} & {name.partition(".")[0] for name in run.stdout.split()}
+
+
+def test_the_example_agent_runs_offline_asking_at_the_terminal() -> None:
+    script = Path(__file__).resolve().parents[2] / "integrations" / "pydantic_ai_agent.py"
+    env = {k: v for k, v in os.environ.items() if k not in {"ANTHROPIC_API_KEY", "OPENAI_API_KEY", "IPYBOX_MODEL"}}
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        input="y\nn\nno e-mail today\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=100,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("approve? [y/N]") == 2
+    assert "the code calls weather.send_report(" in run.stdout
+    assert "agent: Done. The code printed:\nOslo: " in run.stdout
+    assert run.stdout.rstrip().endswith("report not sent: no e-mail today")
