@@ -30,8 +30,8 @@ from pydantic_ai.models import Model
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 
 from ipybox import CodeExecutor, generate_mcp_sources
-from ipybox.integrations._core import Decision
 from ipybox.integrations.pydantic_ai import (
+    Decision,
     IpyboxToolset,
     KernelOutputEvent,
     mcp_approval_results,

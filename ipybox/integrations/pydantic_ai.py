@@ -68,7 +68,15 @@ from ipybox.integrations._core import (
     tool_instructions,
 )
 
-__all__ = ("IpyboxToolset", "KernelOutputEvent", "mcp_approval_results", "pending_mcp_calls")
+# ApprovalPayload and Decision are what pending_mcp_calls returns and mcp_approval_results takes.
+__all__ = (
+    "ApprovalPayload",
+    "Decision",
+    "IpyboxToolset",
+    "KernelOutputEvent",
+    "mcp_approval_results",
+    "pending_mcp_calls",
+)
 
 _KEY_PREFIX = "pydantic_ai"
 _MODEL_IMAGES = ("image/png", "image/jpeg")
@@ -190,15 +198,16 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[AgentDepsT], tool: ToolsetTool[AgentDepsT]
     ) -> str | list[str | BinaryContent]:
         code: str = tool_args["code"]
+        key = self._key(ctx, ctx.tool_call_id or uuid.uuid4().hex)
         try:
-            execution = start_or_attach(
-                self.executor,
-                self._key(ctx, ctx.tool_call_id or uuid.uuid4().hex),
-                code,
-                approval=self._approval,
-                ttl=self._ttl,
-                timeout=self._timeout,
-            )
+            if _answers_a_request(ctx.tool_call_metadata):
+                # A resume with a decision on one of this action's requests: its execution must
+                # exist, even in a process that never started it (which start_or_attach cannot tell).
+                execution = self.executor.attach(key)
+            else:
+                execution = start_or_attach(
+                    self.executor, key, code, approval=self._approval, ttl=self._ttl, timeout=self._timeout
+                )
         except ExecutionLost as exc:
             raise ToolFailed(ActionOutcome.lost(exc).text) from None
         resumed = ctx.tool_call_approved
@@ -259,6 +268,10 @@ def _tree_stamp(root: Path | None) -> object:
             return (root.stat().st_mtime_ns, sorted((e.name, e.stat().st_mtime_ns) for e in entries))
     except OSError:
         return None
+
+
+def _answers_a_request(metadata: object) -> bool:
+    return isinstance(metadata, Mapping) and "request_id" in metadata
 
 
 def _resume_decision(metadata: object) -> Decision:

@@ -41,8 +41,8 @@ from servers.fixtures import stdio_server
 from servers.test_server import png_bytes
 
 from ipybox import CodeExecutor, generate_mcp_sources
-from ipybox.integrations._core import Decision
 from ipybox.integrations.pydantic_ai import (
+    Decision,
     IpyboxToolset,
     KernelOutputEvent,
     mcp_approval_results,
@@ -223,6 +223,29 @@ async def test_a_resume_whose_execution_is_gone_reports_it_lost_and_runs_nothing
     assert part.outcome == "failed"
     assert str(part.content).startswith("execution lost, nothing was re-run")
     assert (workspace / "lost.txt").read_text() == "x"
+
+
+async def test_a_decision_for_an_execution_this_process_never_started_runs_nothing(
+    executor: CodeExecutor, module_workspace: Path
+) -> None:
+    code = "open('elsewhere.txt', 'a').write('x')\nfrom mcptools.test import greet\ngreet.run({'name': 'far'})"
+    paused = Agent(scripted(code), toolsets=[IpyboxToolset(executor)], output_type=[str, DeferredToolRequests])
+    # The same conversation resumed by a toolset whose executions are keyed apart (another id), as a
+    # process that never started the action would see it: no execution, no record of its key.
+    elsewhere = Agent(
+        scripted(code), toolsets=[IpyboxToolset(executor, id="elsewhere")], output_type=[str, DeferredToolRequests]
+    )
+    with anyio.fail_after(60):
+        result = await paused.run("go")
+        assert isinstance(result.output, DeferredToolRequests)
+        results = mcp_approval_results(result.output, {"call-1": True})
+        resumed = await elsewhere.run(message_history=result.all_messages(), deferred_tool_results=results)
+        # The paused action is still there for the process that owns it.
+        finished = await paused.run(message_history=result.all_messages(), deferred_tool_results=results)
+    (part,) = tool_returns(resumed)
+    assert part.outcome == "failed" and str(part.content).startswith("execution lost, nothing was re-run")
+    assert finished.output == "'Hello, far!'\n"
+    assert (module_workspace / "elsewhere.txt").read_text() == "x"
 
 
 async def test_the_instructions_carry_the_stubs_and_a_new_server_is_appended_not_rewritten(
