@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,6 +28,7 @@ from pydantic_ai import (
 )
 from pydantic_ai.capabilities import HandleDeferredToolCalls
 from pydantic_ai.messages import (
+    AgentStreamEvent,
     InstructionDeltaPart,
     ModelMessage,
     ModelRequest,
@@ -135,14 +136,25 @@ async def test_each_mcp_call_reaches_the_inline_handler_as_its_own_tool_call(
 Answer = Callable[[DeferredToolRequests], DeferredToolResults]
 
 
-async def run_to_the_end(executor: CodeExecutor, code: str, answer: Answer) -> AgentRunResult[Output]:
-    """Run an agent whose MCP approvals end the run, resuming with ``answer``'s results until it is done."""
+async def run_to_the_end(
+    executor: CodeExecutor, code: str, answer: Answer, shown: list[str] | None = None
+) -> AgentRunResult[Output]:
+    """Run an agent whose MCP approvals end the run, resuming with ``answer``'s results until it is
+    done; ``shown`` collects the kernel output the runs streamed."""
+
+    async def collect(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
+        async for event in events:
+            if isinstance(event, KernelOutputEvent) and shown is not None:
+                shown.append(event.text)
+
     agent = Agent(scripted(code), toolsets=[IpyboxToolset(executor)], output_type=[str, DeferredToolRequests])
     with anyio.fail_after(60):
-        result = await agent.run("go")
+        result = await agent.run("go", event_stream_handler=collect)
         while isinstance(result.output, DeferredToolRequests):
             results = answer(result.output)
-            result = await agent.run(message_history=result.all_messages(), deferred_tool_results=results)
+            result = await agent.run(
+                message_history=result.all_messages(), deferred_tool_results=results, event_stream_handler=collect
+            )
     return result
 
 
@@ -156,9 +168,11 @@ async def test_approvals_across_runs_resume_the_paused_code_which_runs_once(
         asked.extend(payload.name for payload in pending.values())
         return requests.build_results(approvals={tool_call_id: ToolApproved() for tool_call_id in pending})
 
-    result = await run_to_the_end(executor, GREET_THEN_ADD.format(marker="deferred.txt"), approve)
+    shown: list[str] = []
+    result = await run_to_the_end(executor, GREET_THEN_ADD.format(marker="deferred.txt"), approve, shown)
     assert asked == ["test.greet", "test.add"]
     assert result.output == "Hello, a!\nsum 3\n"
+    assert shown == ["Hello, a!\n", "sum 3\n"]  # each line streamed once, though the log was walked thrice
     assert (module_workspace / "deferred.txt").read_text() == "ran\n"  # three tool body runs, one execution
 
 
