@@ -41,7 +41,7 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 from servers.fixtures import stdio_server
 from servers.test_server import png_bytes
 
-from ipybox import CodeExecutor, generate_mcp_sources
+from ipybox import ApprovalRules, CodeExecutor, generate_mcp_sources
 from ipybox.integrations.pydantic_ai import (
     Decision,
     IpyboxToolset,
@@ -189,6 +189,21 @@ async def test_a_rejection_built_by_the_helper_reaches_the_code_which_goes_on(
     result = await run_to_the_end(executor, GREET_THEN_ADD.format(marker="helper.txt"), decide)
     assert result.output == "Hello, a!\nrejected: adding is off\n"
     assert (module_workspace / "helper.txt").read_text() == "ran\n"
+
+
+async def test_a_policy_of_its_own_lets_the_toolset_run_without_pydantic_ai_approvals(executor: CodeExecutor) -> None:
+    code = (
+        "from mcptools.test import lookup, delete_item\n"
+        "print(lookup.run({'key': 'k'}).result)\n"
+        "delete_item.run({'item_id': 'i'})\n"
+    )
+    rules = ApprovalRules(allow=["test.lookup"], deny=["test.delete_item"])
+    agent = Agent(scripted(code), toolsets=[IpyboxToolset(executor, approval=rules)])  # no handler, no deferral
+    with anyio.fail_after(60):
+        result = await agent.run("go")
+    (part,) = tool_returns(result)
+    assert part.outcome == "failed"
+    assert str(part.content).startswith("value of k\n") and "ToolCallRejected" in str(part.content)
 
 
 def test_the_helper_refuses_a_decision_for_a_call_that_is_not_pending() -> None:
