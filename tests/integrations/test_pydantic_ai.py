@@ -41,7 +41,7 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 from servers.fixtures import stdio_server
 from servers.test_server import png_bytes
 
-from ipybox import ApprovalRules, CodeExecutor, generate_mcp_sources
+from ipybox import ApprovalRules, CodeExecutor, UsageError, generate_mcp_sources
 from ipybox.integrations.pydantic_ai import (
     Decision,
     IpyboxToolset,
@@ -208,7 +208,7 @@ async def test_a_policy_of_its_own_lets_the_toolset_run_without_pydantic_ai_appr
 
 def test_the_helper_refuses_a_decision_for_a_call_that_is_not_pending() -> None:
     requests = DeferredToolRequests()
-    with pytest.raises(Exception, match=r"no MCP call waits for approval under tool call id\(s\) \['call-9'\]"):
+    with pytest.raises(UsageError, match=r"no MCP call waits for approval under tool call id\(s\) \['call-9'\]"):
         mcp_approval_results(requests, {"call-9": True})
 
 
