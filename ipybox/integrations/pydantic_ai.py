@@ -1,0 +1,366 @@
+"""PydanticAI: a toolset whose code action asks PydanticAI's human-in-the-loop machinery to approve each
+MCP call the running code makes.
+
+``Agent(model, toolsets=[IpyboxToolset(executor)])`` gives the model one tool, ``execute_code``, and
+instructions with the typed stubs of the generated MCP tools. Each MCP call of the running code is
+approved in one of two ways, tried in this order:
+
+- **Inline**: the call is offered to the run's `HandleDeferredToolCalls` capability as a tool call of
+  its own, named ``server__tool`` with the MCP call's arguments. `ToolApproved` lets it run;
+  `ToolDenied` (its message as the reason) raises ``ToolCallRejected`` in the code, which may catch it.
+- **Across runs**: when no handler answers, the tool raises `ApprovalRequired` with the call's JSON
+  payload (`pending_mcp_calls` reads it back) and the run ends with `DeferredToolRequests`. The code
+  stays paused in the kernel. Resume with `DeferredToolResults` (`mcp_approval_results` builds them):
+  the tool re-attaches to the paused execution by its tool call id and walks its events again, so
+  the code never runs twice. A plain `ToolApproved()` approves; a bare `ToolDenied` aborts the whole
+  action (PydanticAI does not call the tool again, so the toolset cancels the execution before the
+  next model request and the kernel is free for the next action).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+from pydantic_ai import (
+    AbstractToolset,
+    ApprovalRequired,
+    BinaryContent,
+    CustomEvent,
+    DeferredToolRequests,
+    DeferredToolResults,
+    InstructionPart,
+    RunContext,
+    ToolApproved,
+    ToolDefinition,
+    ToolDenied,
+    ToolFailed,
+    ToolsetTool,
+)
+from pydantic_ai.messages import ModelRequest, ToolCallPart, ToolReturnPart
+from pydantic_ai.tools import AgentDepsT
+from pydantic_core import SchemaValidator, core_schema
+
+from ipybox import (
+    Approval,
+    ApprovalRequest,
+    CodeExecutionChunk,
+    CodeExecutor,
+    Execution,
+    ExecutionLost,
+    UsageError,
+)
+from ipybox.integrations._core import (
+    DEFAULT_TTL,
+    TOOL_NAME,
+    ActionOutcome,
+    ApprovalPayload,
+    Decision,
+    drive,
+    start_or_attach,
+    tool_instructions,
+)
+
+# ApprovalPayload and Decision are what pending_mcp_calls returns and mcp_approval_results takes.
+__all__ = (
+    "ApprovalPayload",
+    "Decision",
+    "IpyboxToolset",
+    "KernelOutputEvent",
+    "mcp_approval_results",
+    "pending_mcp_calls",
+)
+
+_KEY_PREFIX = "pydantic_ai"
+_MODEL_IMAGES = ("image/png", "image/jpeg")
+
+
+_ARGS_VALIDATOR = SchemaValidator(
+    core_schema.typed_dict_schema(
+        {"code": core_schema.typed_dict_field(core_schema.str_schema())}, extra_behavior="forbid"
+    )
+)
+_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"code": {"type": "string", "description": "Python source to run in the kernel."}},
+    "required": ["code"],
+    "additionalProperties": False,
+}
+_DESCRIPTION = (
+    "Run Python code in a stateful, sandboxed IPython kernel. The instructions say which MCP tools the "
+    "code can call and how."
+)
+
+
+@dataclass(kw_only=True)
+class KernelOutputEvent(CustomEvent, name="ipybox_kernel_output"):
+    """Text the running code printed, emitted live into the run's event stream (`ctx.emit`).
+
+    PydanticAI stamps `tool_call_id` and `tool_name` with the code action's call. Output already
+    emitted is not emitted again when a resumed run replays the action.
+    """
+
+    text: str
+    stream: Literal["stdout", "stderr", "result"]
+
+
+class IpyboxToolset(AbstractToolset[AgentDepsT]):
+    """One tool, ``execute_code``, running code actions in an ipybox `CodeExecutor`.
+
+    Code errors come back as a failed tool result (`ToolFailed`) carrying the output and the clean
+    traceback, not as `ModelRetry`: the code did run, and may have changed the kernel's state or the
+    workspace, so the model should read what happened and decide, not be told to repeat the call,
+    and a run of errors does not use up the tool's retries and fail the run. An execution that is
+    gone (its executor was restarted, its ttl expired) is reported the same way, as "execution lost",
+    and nothing is run again. Displayed PNG and JPEG images come back as `BinaryContent` in the tool
+    result, which the model sees.
+
+    The toolset's instructions are the code-action guide and the stubs of the generated tools. They
+    are read again only when the tools directory changes (`generate_mcp_sources` for another
+    server), and sent with ``on_change="append"``: a change is appended to the conversation instead
+    of rewriting the cached instruction prefix.
+
+    Args:
+        executor: A running executor; its ``tools_dir`` is where the stubs are read from.
+        id: The toolset's id, unique among an agent's toolsets (also names the instructions' source).
+        tool_name: The tool's name.
+        servers: Show only these servers' tools in the instructions (all when None).
+        approval: The approval policy of the toolset's executions. ``"ask"`` (the default) sends every
+            MCP call to PydanticAI as above. None uses the executor's own policy; `ApprovalRules`,
+            ``"auto"`` or a callback decide without PydanticAI (only calls they leave to ``"ask"``
+            reach it). Without a `HandleDeferredToolCalls` capability, ``"ask"`` needs
+            `DeferredToolRequests` among the run's output types: PydanticAI refuses the deferred
+            call otherwise, and the paused action ends after its ``ttl``.
+        ttl: Seconds a code action may stay paused waiting for an approval before it is cancelled.
+        timeout: Seconds a code action may run, not counting approval waits (default: the
+            executor's).
+    """
+
+    def __init__(
+        self,
+        executor: CodeExecutor,
+        *,
+        id: str = "ipybox",
+        tool_name: str = TOOL_NAME,
+        servers: Sequence[str] | None = None,
+        approval: Approval | None = "ask",
+        ttl: float | None = DEFAULT_TTL,
+        timeout: float | None = None,
+    ) -> None:
+        if isinstance(servers, str):
+            raise UsageError(f"servers takes a list of names, got the string {servers!r}; pass [{servers!r}]")
+        self.executor = executor
+        self._id = id
+        self.tool_name = tool_name
+        self._servers = list(servers) if servers is not None else None
+        self._approval: Approval | None = approval
+        self._ttl = ttl
+        self._timeout = timeout
+        self._tool_def = ToolDefinition(
+            name=tool_name,
+            parameters_json_schema=_PARAMETERS,
+            description=_DESCRIPTION,
+            # One kernel runs one action at a time; calls in one response run in the order written.
+            sequential=True,
+        )
+        self._instructions: tuple[object, str] | None = None
+        # The request each paused execution surfaced as ApprovalRequired: a resumed call's approval
+        # answers that request only, never one the code reaches after an approval of something else
+        # (such as the whole action, by an ApprovalRequiredToolset around this one).
+        self._surfaced: weakref.WeakKeyDictionary[Execution, str] = weakref.WeakKeyDictionary()
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    async def get_instructions(self, ctx: RunContext[AgentDepsT]) -> InstructionPart:
+        # Called before every model request, after the request that carries the results of the
+        # previous tool calls joined the history: the one place a toolset sees a call PydanticAI
+        # denied without calling the tool again.
+        self._abort_denied(ctx)
+        return InstructionPart(self._render_instructions(), dynamic=True, on_change="append", name="tools")
+
+    async def get_tools(self, ctx: RunContext[AgentDepsT]) -> dict[str, ToolsetTool[AgentDepsT]]:
+        return {
+            self.tool_name: ToolsetTool(
+                toolset=self, tool_def=self._tool_def, max_retries=1, args_validator=_ARGS_VALIDATOR
+            )
+        }
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[AgentDepsT], tool: ToolsetTool[AgentDepsT]
+    ) -> str | list[str | BinaryContent]:
+        code: str = tool_args["code"]
+        key = self._key(ctx, ctx.tool_call_id or uuid.uuid4().hex)
+        try:
+            if _answers_a_request(ctx.tool_call_metadata):
+                # A resume with a decision on one of this action's requests: its execution must
+                # exist, even in a process that never started it (which start_or_attach cannot tell).
+                execution = self.executor.attach(key)
+            else:
+                execution = start_or_attach(
+                    self.executor, key, code, approval=self._approval, ttl=self._ttl, timeout=self._timeout
+                )
+        except ExecutionLost as exc:
+            raise ToolFailed(ActionOutcome.lost(exc).text) from None
+        resumed = ctx.tool_call_approved
+
+        async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+            nonlocal resumed
+            if resumed and self._surfaced.get(execution) == request.id:
+                resumed = False
+                return _resume_decision(ctx.tool_call_metadata)
+            decision = await _ask_inline(ctx, payload)
+            if decision is not None:
+                return decision
+            self._surfaced[execution] = request.id
+            raise ApprovalRequired(metadata=payload.to_json())
+
+        async def show(chunk: CodeExecutionChunk) -> None:
+            await ctx.emit(KernelOutputEvent(text=chunk.text, stream=chunk.stream))
+
+        try:
+            outcome = await drive(execution, decide, on_output=show)
+        except anyio.get_cancelled_exc_class():
+            # The run was cancelled: nothing can resume this call, so free the kernel.
+            execution.cancel()
+            raise
+        if outcome.failed:
+            raise ToolFailed(outcome.text)
+        return _tool_return(outcome)
+
+    def _key(self, ctx: RunContext[AgentDepsT], tool_call_id: str) -> str:
+        # The conversation id is taken from the message history a resumed run is given, so it is
+        # stable across the runs of one action, as the tool call id is.
+        return f"{_KEY_PREFIX}:{self._id}:{ctx.conversation_id or ''}:{tool_call_id}"
+
+    def _abort_denied(self, ctx: RunContext[AgentDepsT]) -> None:
+        request = ctx.messages[-1] if ctx.messages else None
+        if not isinstance(request, ModelRequest):
+            return
+        for part in request.parts:
+            if isinstance(part, ToolReturnPart) and part.outcome == "denied":
+                with contextlib.suppress(ExecutionLost):  # else not an action of this toolset
+                    self.executor.attach(self._key(ctx, part.tool_call_id)).cancel()
+
+    def _render_instructions(self) -> str:
+        root = self.executor.tools_dir
+        stamp = _tree_stamp(root)
+        if self._instructions is None or self._instructions[0] != stamp:
+            self._instructions = (stamp, tool_instructions(root, servers=self._servers))
+        return self._instructions[1]
+
+
+def _tree_stamp(root: Path | None) -> object:
+    """Changes whenever `generate_mcp_sources` writes to ``root`` (it renames a staged package into
+    place), at the cost of one directory scan instead of parsing every generated module."""
+    if root is None:
+        return None
+    try:
+        with os.scandir(root) as entries:
+            return (root.stat().st_mtime_ns, sorted((e.name, e.stat().st_mtime_ns) for e in entries))
+    except OSError:
+        return None
+
+
+def _answers_a_request(metadata: object) -> bool:
+    return isinstance(metadata, Mapping) and "request_id" in metadata
+
+
+def _resume_decision(metadata: object) -> Decision:
+    """The decision a resumed call carries: none (a plain `ToolApproved()`) approves; else what
+    `mcp_approval_results` wrote."""
+    return Decision.approve() if metadata is None else Decision.parse(metadata)
+
+
+async def _ask_inline(ctx: RunContext[Any], payload: ApprovalPayload) -> Decision | None:
+    """Offer the MCP call to the run's `HandleDeferredToolCalls` handler; None when nobody answers."""
+    if ctx.tool_manager is None:
+        return None
+    call = ToolCallPart(payload.call_name, dict(payload.args), tool_call_id=payload.request_id)
+    requests = DeferredToolRequests(approvals=[call], metadata={payload.request_id: payload.to_json()})
+    results = await ctx.tool_manager.resolve_deferred_tool_calls(requests)
+    verdict = results.to_tool_call_results().get(payload.request_id) if results is not None else None
+    if verdict is None:
+        return None
+    if isinstance(verdict, ToolApproved):
+        if verdict.override_args is not None:
+            return Decision.reject("the approver tried to change the call's arguments, which ipybox cannot do")
+        return Decision.approve()
+    if isinstance(verdict, ToolDenied):
+        return Decision.reject(verdict.message)
+    return Decision.reject(f"the approval handler answered with {type(verdict).__name__}, not an approval")
+
+
+def _tool_return(outcome: ActionOutcome) -> str | list[str | BinaryContent]:
+    if not outcome.images:
+        return outcome.text
+    content: list[str | BinaryContent] = [outcome.text] if outcome.text else []
+    for image in outcome.images:
+        if image.mime in _MODEL_IMAGES:
+            content.append(BinaryContent(data=image.data, media_type=image.mime))
+        else:
+            content.append(f"(an {image.mime} image was displayed; models are shown PNG and JPEG only)")
+    return content
+
+
+def pending_mcp_calls(requests: DeferredToolRequests) -> dict[str, ApprovalPayload]:
+    """The MCP calls waiting for approval in a run's `DeferredToolRequests`, by tool call id.
+
+    Approvals of other tools in ``requests`` are left out; answer them as usual.
+    """
+    pending: dict[str, ApprovalPayload] = {}
+    for call in requests.approvals:
+        data = requests.metadata.get(call.tool_call_id)
+        if data is None or not {"request_id", "server", "tool", "args", "description"} <= data.keys():
+            continue
+        pending[call.tool_call_id] = ApprovalPayload(
+            request_id=data["request_id"],
+            server=data["server"],
+            tool=data["tool"],
+            args=data["args"],
+            description=data["description"],
+            annotations=data.get("annotations"),
+        )
+    return pending
+
+
+def mcp_approval_results(
+    requests: DeferredToolRequests,
+    decisions: Mapping[str, Decision | bool],
+    *,
+    answered_by: Mapping[str, str] | None = None,
+) -> DeferredToolResults:
+    """Results that resume a run with a decision on each MCP call, by tool call id.
+
+    Each decision, approval or rejection, is sent as `ToolApproved` with the decision in its
+    metadata: PydanticAI then calls the tool again, which re-attaches to the paused code and answers
+    the MCP call, and a rejection raises ``ToolCallRejected(message)`` in the code, which may go on.
+    (A bare `ToolDenied` aborts the whole code action instead.)
+
+    Raises:
+        UsageError: A key of ``decisions`` is not one of ``pending_mcp_calls(requests)``.
+    """
+    pending = pending_mcp_calls(requests)
+    if unknown := sorted(set(decisions) - set(pending)):
+        raise UsageError(
+            f"no MCP call waits for approval under tool call id(s) {unknown}; "
+            f"decide the ids of pending_mcp_calls(requests): {sorted(pending)}"
+        )
+    results = DeferredToolResults(answered_by=dict(answered_by or {}))
+    for tool_call_id, value in decisions.items():
+        decision = Decision(approved=value) if isinstance(value, bool) else value
+        results.approvals[tool_call_id] = ToolApproved()
+        results.metadata[tool_call_id] = {
+            "type": "approve" if decision.approved else "reject",
+            "request_id": pending[tool_call_id].request_id,
+            **({"message": decision.message} if not decision.approved and decision.message else {}),
+        }
+    return results
