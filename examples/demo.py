@@ -1,6 +1,6 @@
 """The ipybox demo: an agent's code actions in the sandboxed kernel, calling MCP tools with approval.
 
-1. Generate a typed Python API for an MCP server that ships with this repo (examples/weather_server.py).
+1. Generate a typed Python API for an MCP server that ships with ipybox (ipybox.examples.weather).
 2. Start a sandboxed kernel (bubblewrap: no network, read-only system, private workspace).
 3. Run code actions like an agent would write them: state that persists, a parallel fan-out over
    the async tool wrappers, and a tool call the application rejects. Every tool call leaves the
@@ -27,8 +27,7 @@ from ipybox import (
     render_tool_stubs,
 )
 
-HERE = Path(__file__).resolve().parent
-SERVER = {"command": sys.executable, "args": [str(HERE / "weather_server.py")]}
+SERVER = {"command": sys.executable, "args": ["-m", "ipybox.examples.weather"]}
 
 ACTIONS = [
     (

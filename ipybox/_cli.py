@@ -95,6 +95,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_stubs(args: argparse.Namespace) -> int:
+    # Checked here, not left to render_tool_stubs: its error names its own argument, root_dir.
+    if not Path(args.root).is_dir():
+        raise UsageError(
+            f"--root {args.root!r} is not a directory; pass the --root that 'ipybox generate' wrote to "
+            f"(default: {DEFAULT_ROOT}, in the current directory)"
+        )
     text = render_tool_stubs(args.root, servers=args.server or None, tools=args.tool or None)
     sys.stdout.write(text)
     print(f"# {len(text)} characters", file=sys.stderr)

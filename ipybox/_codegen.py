@@ -39,7 +39,7 @@ from mcp.shared.exceptions import MCPError
 
 from ._exceptions import GenerationError, MCPServerError, UsageError
 from ._manifest import load_manifest, manifest_lock, save_manifest_entry
-from ._mcp import HttpServer, StdioServer, open_session, parse_server_params
+from ._mcp import HttpServer, ServerExitWatch, StdioServer, open_session, parse_server_params
 from ._modelgen import Import, ToolModels, generate_tool_models, warm_up
 from ._names import Renamed, assign_identifiers, python_identifier
 from ._pysource import docstring_literal, first_line, normalize_text
@@ -347,13 +347,13 @@ class _Listing:
 
 async def _list_tools(
     server_name: str,
-    params: StdioServer | HttpServer,
+    watch: ServerExitWatch,
     timings: dict[str, float],
     send: MemoryObjectSendStream[_Listing],
 ) -> None:
     """Send the server's tool listing as soon as it is in, then close the session."""
     start = time.perf_counter()
-    async with send, open_session(server_name, params) as session:
+    async with send, open_session(server_name, watch.params, errlog=watch.errlog) as session:
         timings["connect"] = time.perf_counter() - start
         start = time.perf_counter()
         tools: list[mcp_types.Tool] = []
@@ -435,13 +435,20 @@ def _check_server_name(server_name: str, root: Path) -> None:
 async def _build_from_server(
     server_name: str, params: StdioServer | HttpServer, timings: dict[str, float]
 ) -> PackageSources:
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as errlog:
+        return await _build_from_watched_server(server_name, ServerExitWatch(params, errlog), timings)
+
+
+async def _build_from_watched_server(
+    server_name: str, watch: ServerExitWatch, timings: dict[str, float]
+) -> PackageSources:
     sources: PackageSources | None = None
     send, receive = anyio.create_memory_object_stream[_Listing](1)
     try:
         async with anyio.create_task_group() as tg:
             # Loading the model generator takes a while; do it while the server starts up.
             tg.start_soon(lambda: anyio.to_thread.run_sync(warm_up, abandon_on_cancel=True))
-            tg.start_soon(_list_tools, server_name, params, timings, send)
+            tg.start_soon(_list_tools, server_name, watch, timings, send)
             with receive:
                 try:
                     listing = await receive.receive()
@@ -468,7 +475,11 @@ async def _build_from_server(
         message = str(cause) or type(cause).__name__
         if isinstance(cause, MCPServerError):
             message = message.removeprefix(f"MCP server {server_name!r}: ")
-        raise GenerationError(server_name, f"cannot list its tools: {message}") from cause
+        # The session is closed and the server stopped by now, so its exit status is in.
+        ending = watch.describe()
+        raise GenerationError(
+            server_name, f"cannot list its tools: {message}" + (f"; {ending}" if ending else "")
+        ) from cause
     if sources is None:
         raise GenerationError(server_name, "listing its tools was cancelled")
     return sources

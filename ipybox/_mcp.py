@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "HttpServer",
+    "ServerExitWatch",
     "ServerParams",
     "StdioServer",
     "describe_server",
@@ -246,3 +247,50 @@ async def open_session(
         except (OSError, httpx2.HTTPError) as exc:
             raise MCPServerError(name, f"cannot connect: {exc}") from exc
         yield session
+
+
+class ServerExitWatch:
+    """Runs a stdio server so that a failure can say how it ended: its exit status and its last stderr lines.
+
+    The MCP SDK reaps the server's process itself and never exposes its exit status, so the server runs
+    as the child of ``/bin/sh``, which appends the status to the server's stderr (a temporary file). The
+    SDK stops a server by signalling its whole process group, so sh never outlives it. A command that
+    cannot be found is left unwrapped: starting it then fails with the OS's own error, as before.
+
+    Args:
+        params: The server as configured.
+        errlog: A file (with a descriptor) that receives the server's stderr.
+    """
+
+    _MARK = "ipybox: the server exited with status "
+    # How much of the stderr file is read, and how many of its last lines a message shows.
+    TAIL_BYTES = 4096
+    TAIL_LINES = 10
+
+    def __init__(self, params: StdioServer | HttpServer, errlog: TextIO) -> None:
+        self.errlog = errlog
+        self.params = params
+        if isinstance(params, StdioServer) and shutil.which(params.command) is not None:
+            script = f'"$@"; status=$?; printf "\\n{self._MARK}%s\\n" "$status" >&2; exit "$status"'
+            self.params = params.model_copy(
+                update={"command": "/bin/sh", "args": ("-c", script, "ipybox-server", params.command, *params.args)}
+            )
+
+    def describe(self) -> str:
+        """How the server ended, for an error message; empty when there is nothing to tell (an HTTP server)."""
+        fd = self.errlog.fileno()
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, self.TAIL_BYTES, max(0, size - self.TAIL_BYTES)).decode("utf-8", "replace")
+        lines = [line.rstrip() for line in tail.splitlines()]
+        if size > self.TAIL_BYTES:
+            lines = lines[1:]  # the first line read is most likely cut
+        status = next((line.removeprefix(self._MARK) for line in reversed(lines) if line.startswith(self._MARK)), None)
+        output = [line for line in lines if line and not line.startswith(self._MARK)][-self.TAIL_LINES :]
+        parts: list[str] = []
+        if status is not None:
+            parts.append(f"the server exited with status {status}")
+        if output:
+            parts.append("the last lines of its stderr:\n" + "\n".join(f"  {line}" for line in output))
+        elif status is not None:
+            parts.append("it wrote nothing to stderr")
+        return "; ".join(parts)

@@ -66,7 +66,7 @@ from ._exceptions import (
 )
 from ._executor import CodeExecutor
 from ._mcp import HttpServer, StdioServer, describe_server, parse_server_params
-from ._mcp_config import ServerConfig, add_arguments, bearer_token, check_exposure, config_from_args
+from ._mcp_config import TOKEN_ENV, ServerConfig, add_arguments, bearer_token, check_exposure, config_from_args
 from ._results import CodeExecutionResult
 from ._stubs import render_tool_stubs
 from ._workspace import read_file, write_file
@@ -110,6 +110,9 @@ class _Session:
     config: ServerConfig
     workspace: Path
     state_dir: Path
+    owns_workspace: bool = False
+    """The workspace is this session's own directory (``sessions/<id>`` of a server shared over HTTP),
+    removed when the session ends."""
     executor: CodeExecutor | None = None
     servers: dict[str, StdioServer | HttpServer] = field(default_factory=dict[str, StdioServer | HttpServer])
     modules: dict[str, list[str]] = field(default_factory=dict[str, list[str]])
@@ -248,6 +251,9 @@ class _Session:
             self.closed.set()
             self._set_executor(None)
             shutil.rmtree(self.state_dir, ignore_errors=True)
+            if self.owns_workspace:
+                # The kernel is gone; rmtree never follows the symlinks its code may have left.
+                shutil.rmtree(self.workspace, ignore_errors=True)
             self.done.set()
 
     # -- approval --------------------------------------------------------------------------
@@ -372,7 +378,10 @@ class _Sessions:
             workspace = workspace / "sessions" / (label or secrets.token_hex(8))
             workspace.mkdir(parents=True, exist_ok=True)
         session = _Session(
-            config=self.config, workspace=workspace, state_dir=Path(tempfile.mkdtemp(prefix="ipybox-mcp-"))
+            config=self.config,
+            workspace=workspace,
+            state_dir=Path(tempfile.mkdtemp(prefix="ipybox-mcp-")),
+            owns_workspace=connection is not None,
         )
         if connection is not None:
             connection.state[_STATE_KEY] = session
@@ -719,6 +728,12 @@ _ASGIApp = Callable[
 ]
 
 
+_UNAUTHORIZED = (
+    f"missing or wrong bearer token: send the header 'Authorization: Bearer <token>' with every request, "
+    f"<token> being the one this server was started with ({TOKEN_ENV} or --bearer-token)"
+)
+
+
 def _require_bearer(app: _ASGIApp, token: str) -> _ASGIApp:
     expected = f"Bearer {token}".encode()
 
@@ -731,7 +746,7 @@ def _require_bearer(app: _ASGIApp, token: str) -> _ASGIApp:
             headers = cast("list[tuple[bytes, bytes]]", scope.get("headers", []))
             given = next((v for k, v in headers if k.lower() == b"authorization"), b"")
             if not secrets.compare_digest(given, expected):
-                body = b'{"error": "missing or wrong bearer token"}'
+                body = json.dumps({"error": _UNAUTHORIZED}).encode()
                 await send(
                     {
                         "type": "http.response.start",

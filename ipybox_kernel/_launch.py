@@ -163,20 +163,39 @@ def _size(value: Any) -> int:
         return 0
 
 
+# What `%pip install` understands; every other option is refused rather than ignored, so a cell never
+# carries on as though an option it relies on (an index, a requirements file) had been applied.
+_PIP_QUIET = ("-q", "--quiet")
+_PIP_USAGE = "usage: %pip install [-q|--quiet] PACKAGE [PACKAGE ...]"
+
+
 def _pip_magic(line: str) -> None:
     """``%pip install PKG ...``: the host installs (the kernel has no network), after approval."""
     import importlib
     import shlex
 
+    from IPython.core.error import UsageError
+
     from ipybox_kernel import call_tool
 
     words = shlex.split(line)
-    if not words or words[0] != "install" or len(words) < 2 or any(w.startswith("-") for w in words[1:]):
-        print("usage: %pip install PACKAGE [PACKAGE ...]  (options are not supported in ipybox)")
-        return
-    for spec in words[1:]:
+    if not words or words[0] != "install":
+        command = f"'%pip {words[0]}'" if words else "'%pip' alone"
+        raise UsageError(f"{command} is not supported in ipybox: only '%pip install' is ({_PIP_USAGE})")
+    options = [word for word in words[1:] if word.startswith("-")]
+    packages = [word for word in words[1:] if not word.startswith("-")]
+    refused = [option for option in options if option not in _PIP_QUIET]
+    if refused:
+        raise UsageError(
+            f"%pip install: {', '.join(map(repr, refused))} not supported in ipybox: the host installs binary "
+            f"wheels by name from its package index, with its own settings; remove the option ({_PIP_USAGE})"
+        )
+    if not packages:
+        raise UsageError(f"%pip install: no package named ({_PIP_USAGE})")
+    for spec in packages:
         output = call_tool("ipybox", "install_package", {"package": spec})
-        print(output.text.strip().splitlines()[-1] if output.text.strip() else f"installed {spec}")
+        if not options:
+            print(output.text.strip().splitlines()[-1] if output.text.strip() else f"installed {spec}")
     importlib.invalidate_caches()
 
 

@@ -51,7 +51,6 @@ def test_command_options_reach_the_server_parameters(tmp_path: Path, capsys: pyt
         (["generate", "x", "--header", "A=1", "--", "cmd"], "--header and --transport apply to --url"),
         (["generate", "x", "--url", "http://h/mcp", "--header", "novalue"], "--header takes NAME=VALUE"),
         (["generate", "x", "--url", "ftp://h/mcp"], "url: String should match pattern"),
-        (["stubs", "--root", "/nonexistent/tools"], "is not a directory"),
     ],
 )
 def test_usage_mistakes_exit_2_with_the_fix_in_the_message(
@@ -59,6 +58,18 @@ def test_usage_mistakes_exit_2_with_the_fix_in_the_message(
 ) -> None:
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_stubs_with_a_missing_root_names_the_root_option_not_the_api_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["stubs"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "ipybox: error: --root 'mcptools' is not a directory; pass the --root that 'ipybox generate' wrote to "
+        "(default: mcptools, in the current directory)\n"
+    )
 
 
 def test_a_server_that_cannot_start_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

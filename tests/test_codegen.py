@@ -256,6 +256,24 @@ async def test_a_server_that_is_gone_fails_clearly_and_keeps_the_previous_packag
     assert package_files(root, "shapes") == before
 
 
+async def test_a_server_that_exits_during_generation_is_reported_with_its_exit_status_and_stderr_tail(
+    tmp_path: Path,
+) -> None:
+    noisy_exit = "import sys\nfor i in range(30): print('log line', i, file=sys.stderr)\n"
+    noisy_exit += "print('missing WEATHER_API_KEY', file=sys.stderr); sys.exit(3)"
+    with pytest.raises(GenerationError) as info:
+        await generate_mcp_sources("weather", {"command": sys.executable, "args": ["-c", noisy_exit]}, tmp_path)
+    message = str(info.value)
+    assert "cannot list its tools: Connection closed; the server exited with status 3" in message
+    # The last lines, not the first ones.
+    assert message.endswith("  log line 28\n  log line 29\n  missing WEATHER_API_KEY")
+    assert "log line 19" not in message
+
+    silent = {"command": sys.executable, "args": ["-c", "pass"]}
+    with pytest.raises(GenerationError, match=r"exited with status 0; it wrote nothing to stderr$"):
+        await generate_mcp_sources("weather", silent, tmp_path)
+
+
 async def test_server_parameters_stay_in_the_private_manifest_not_in_generated_code(tmp_path: Path) -> None:
     root = tmp_path / "mcptools"
     params = {

@@ -7,6 +7,7 @@ else checks that the wheel carries everything the installed ``ipybox`` needs.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import zipfile
@@ -29,13 +30,24 @@ INSTALL_TIMEOUT = 240.0
 RUN_TIMEOUT = 90.0
 
 
+def _readme_example() -> str:
+    """The first Python block of the README's "Use" section, the script a new user saves as example.py."""
+    readme = (REPO / "README.md").read_text()
+    use = readme[readme.index("\n## Use\n") :]
+    found = re.search(r"```python\n(.*?)```", use, re.DOTALL)
+    assert found is not None, "the README's Use section has no python block"
+    return found.group(1)
+
+
 def _uv() -> list[str]:
     # scripts/setup.sh installs uv as a module of the system python3; a standalone uv works as well.
     found = shutil.which("uv")
     return [found] if found else ["python3", "-m", "uv"]
 
 
-async def test_the_built_wheel_installs_with_pip_into_a_fresh_venv_and_serves_mcp(tmp_path: Path) -> None:
+async def test_the_built_wheel_installs_with_pip_into_a_fresh_venv_serves_mcp_and_runs_the_readme_example(
+    tmp_path: Path,
+) -> None:
     # Every cache lives in tmp_path, so the test reuses nothing from earlier runs and leaves nothing.
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     env |= {"UV_CACHE_DIR": str(tmp_path / "uv-cache"), "PIP_CACHE_DIR": str(tmp_path / "pip-cache")}
@@ -75,3 +87,20 @@ async def test_the_built_wheel_installs_with_pip_into_a_fresh_venv_and_serves_mc
     prefix, kernel_package, answer = content.text.split()
     assert (prefix, answer) == (str(venv), "42")
     assert kernel_package.startswith(f"{venv}/lib/")
+
+    # The README's example as a user runs it: a file in a directory of their own, outside the repo, run
+    # by the venv's python, its one approval answered on stdin.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "example.py").write_text(_readme_example())
+    python = venv / "bin" / "python"
+    with anyio.fail_after(RUN_TIMEOUT):
+        example = await anyio.run_process(
+            [str(python), "example.py"],
+            input=b"y\n",
+            env={"PATH": os.environ["PATH"], "TMPDIR": str(server_tmp)},
+            cwd=project,
+        )
+    prompt = f"weather.get_forecast(city='lisbon') via '{python} -m ipybox.examples.weather', allow? [y/N] "
+    assert example.stdout.decode() == prompt + "lisbon: 7.5 °C, sunny\n\n"
+    assert (project / "mcptools" / "weather" / "get_forecast.py").is_file()

@@ -8,6 +8,8 @@ state directories) can be checked after the client goes away.
 from __future__ import annotations
 
 import base64
+import ctypes
+import errno
 import json
 import os
 import struct
@@ -105,6 +107,34 @@ def _processes(tmp: Path) -> set[int]:
 
 def _session_dirs(tmp: Path) -> list[str]:
     return sorted(p.name for p in tmp.iterdir() if p.name.startswith("ipybox"))
+
+
+_IN_DELETE_SELF = 0x400
+_IN_IGNORED = 0x8000
+
+
+async def _wait_for_removal(path: Path) -> None:
+    """Wait, through inotify, until the directory ``path`` has been removed."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        if libc.inotify_add_watch(fd, os.fsencode(path), _IN_DELETE_SELF) < 0:
+            assert ctypes.get_errno() == errno.ENOENT, os.strerror(ctypes.get_errno())
+            return  # removed before the watch was set
+        with anyio.fail_after(CLEANUP_TIMEOUT):
+            while True:
+                await anyio.wait_readable(fd)
+                data = os.read(fd, 4096)
+                # struct inotify_event: wd, mask, cookie, len, then a name of len bytes (none for the watched path).
+                offset = 0
+                while offset < len(data):
+                    _, mask, _, length = struct.unpack_from("iIII", data, offset)
+                    if mask & (_IN_DELETE_SELF | _IN_IGNORED):
+                        return
+                    offset += 16 + length
+    finally:
+        os.close(fd)
 
 
 async def _assert_clean(tmp: Path) -> None:
@@ -444,6 +474,8 @@ async def test_http_sessions_are_isolated_and_a_closed_session_leaves_no_kernel_
         async with httpx2.AsyncClient() as anonymous:
             refused = await anonymous.post(server.url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
             assert refused.status_code == 401
+            assert "send the header 'Authorization: Bearer <token>'" in refused.json()["error"]
+            assert "IPYBOX_MCP_TOKEN" in refused.json()["error"]
 
         user = Elicitor()
         with anyio.fail_after(START_TIMEOUT * 2):
@@ -511,6 +543,24 @@ for line in [b"[" * 100_000 + b"\\n", b'{"a":' * 100_000 + b"\\n", b"\\xff\\x00 
         replies.append(json.loads(sock.makefile("rb").readline())["error"])
 print(replies)
 """
+
+
+async def test_an_http_sessions_directory_is_removed_when_it_ends_and_the_other_sessions_stays(tmp_path: Path) -> None:
+    write = "import os\nopen('notes.txt', 'w').write('x')\nos.symlink('/etc', 'planted-link')\nprint(os.getcwd())"
+    async with _http_ipybox(tmp_path) as server, _http_client(server) as staying:
+        with anyio.fail_after(START_TIMEOUT * 2):
+            stays = Path(_text(await _call(staying, "execute_ipython_cell", code=write)).strip())
+            async with _http_client(server) as leaving:
+                leaves = Path(_text(await _call(leaving, "execute_ipython_cell", code=write)).strip())
+                assert stays.parent == leaves.parent == server.workspace / "sessions" and stays != leaves
+                assert (server.workspace / "sessions" / leaves.name / "notes.txt").is_file()
+        # The client's DELETE does not wait for the session to close; its directory goes once its kernel stopped.
+        await _wait_for_removal(server.workspace / "sessions" / leaves.name)
+        assert sorted(p.name for p in (server.workspace / "sessions").iterdir()) == [stays.name]
+        assert Path("/etc/passwd").is_file()  # the link was removed, not followed
+        assert (server.workspace / "sessions" / stays.name / "notes.txt").read_text() == "x"
+        still = await _call(staying, "execute_ipython_cell", code="open('notes.txt').read()")
+        assert _text(still) == "'x'\n"
 
 
 async def test_one_sessions_kernel_attacking_its_tool_socket_leaves_both_sessions_working(tmp_path: Path) -> None:

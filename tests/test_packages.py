@@ -192,3 +192,25 @@ async def test_pip_install_of_an_sdist_the_kernel_wrote_into_the_workspace_build
         # The refusal leaves installs working.
         await ex.execute(f"%pip install {GOOD}")
         assert (await ex.execute("import ipybox_test_good; ipybox_test_good.VALUE")).text == "42\n"
+
+
+async def test_pip_magic_options_are_understood_or_refused_with_a_message_and_the_cell_stops(
+    index: Index, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(workspace)
+    async with CodeExecutor(workspace=workspace, approval="auto") as ex:
+        for line, refusal in [
+            (f"install --index-url http://127.0.0.1:9/simple {GOOD}", "'--index-url' not supported in ipybox"),
+            (f"install -r requirements.txt {GOOD}", "'-r' not supported in ipybox"),
+            ("list", "'%pip list' is not supported in ipybox: only '%pip install' is"),
+            ("install --quiet", "no package named"),
+        ]:
+            # IPython's own way of refusing a magic's arguments: the message, and nothing after it runs.
+            result = await ex.execute(f"%pip {line}\nprint('carried on')")
+            assert result.text.startswith("UsageError: ") and refusal in result.text, result.text
+            assert "usage: %pip install [-q|--quiet] PACKAGE" in result.text
+            assert "carried on" not in result.text
+        assert (await ex.execute("import importlib.util; importlib.util.find_spec('ipybox_test_good')")).text == ""
+        # Quiet installs print nothing, and the package is importable in the same cell.
+        result = await ex.execute(f"%pip install --quiet {GOOD}\nimport ipybox_test_good\nipybox_test_good.VALUE")
+        assert result.text == "42\n"

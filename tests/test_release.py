@@ -65,8 +65,32 @@ ARGUMENT_FIELDS = frozenset(
 )
 
 
+# Semantic Versioning 2.0.0 without build metadata: what Claude Code's plugin.json "version" must follow.
+SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-(0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(\.(0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*)?"
+)
+
+SEMVER_PRE_LABELS = {"a": "alpha", "b": "beta", "rc": "rc"}
+
+
 def _json(relative: str) -> Any:
     return json.loads((REPO / relative).read_text())
+
+
+def _as_semver(version: Version) -> str:
+    """The semver spelling of a PEP 440 version: ``1.0.0.dev0`` -> ``1.0.0-dev.0``, ``1.2.0rc1`` -> ``1.2.0-rc.1``.
+
+    Only the shapes this project releases: a development or a pre-release of X.Y.Z, not both, no post-release.
+    """
+    assert len(version.release) <= 3 and version.post is None and version.local is None, version
+    assert version.pre is None or version.dev is None, version
+    release = ".".join(map(str, (*version.release, 0, 0)[:3]))
+    if version.dev is not None:
+        return f"{release}-dev.{version.dev}"
+    if version.pre is not None:
+        label, number = version.pre
+        return f"{release}-{SEMVER_PRE_LABELS[label]}.{number}"
+    return release
 
 
 def test_the_version_comes_from_the_package_metadata_and_sorts_after_every_earlier_ipybox() -> None:
@@ -79,7 +103,10 @@ def test_the_registry_entry_the_plugin_and_the_install_steps_carry_the_package_v
     entry = _json("server.json")
     assert entry["version"] == ipybox.__version__
     assert [p["version"] for p in entry["packages"]] == [ipybox.__version__]
-    assert _json("plugin/.claude-plugin/plugin.json")["version"] == ipybox.__version__
+    # Claude Code plugin manifests take semver, which spells a PEP 440 development release differently.
+    plugin_version = _json("plugin/.claude-plugin/plugin.json")["version"]
+    assert plugin_version == _as_semver(Version(ipybox.__version__))
+    assert SEMVER.fullmatch(plugin_version), plugin_version
     readme = (REPO / "README.md").read_text()
     assert f"dist/ipybox-{ipybox.__version__}-py3-none-any.whl" in readme
     assert f'"ipybox>={ipybox.__version__}"' in readme

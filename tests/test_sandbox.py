@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Generator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from ipybox import CodeExecutor, Limits, SandboxConfig, UsageError
@@ -15,6 +16,9 @@ from ipybox._cgroup import pids_cgroups_available
 from ipybox._kernel import bytecode_missing
 
 pytestmark = pytest.mark.anyio
+
+# An interpreter's start, a sandboxed kernel's start and one cell, on a loaded machine.
+START_TIMEOUT = 60.0
 
 
 async def run(executor: CodeExecutor, code: str) -> str:
@@ -226,3 +230,26 @@ def test_the_environment_has_compiled_bytecode_for_the_sandboxed_kernel() -> Non
     # The sandbox mounts the environment read-only; without bytecode every kernel start compiles
     # IPython and ipykernel again (scripts/setup.sh installs with --compile-bytecode).
     assert not bytecode_missing()
+
+
+async def test_a_venv_interpreter_reached_through_a_path_with_dotdot_starts_the_sandboxed_kernel(
+    tmp_path: Path,
+) -> None:
+    # `../venv/bin/python` as a user types it in a sibling directory; the directory before `..`
+    # exists on the host only, so a path that still holds it cannot be run inside the sandbox.
+    (tmp_path / "project").mkdir()
+    (tmp_path / "venv").symlink_to(sys.prefix)
+    (tmp_path / "ws").mkdir()
+    script = (
+        "import anyio, sys\n"
+        "from ipybox import CodeExecutor\n"
+        "async def main():\n"
+        "    async with CodeExecutor(workspace=sys.argv[1], tools_dir=None) as executor:\n"
+        "        print((await executor.execute('6 * 7')).text, end='')\n"
+        "anyio.run(main)\n"
+    )
+    with anyio.fail_after(START_TIMEOUT):
+        run = await anyio.run_process(
+            ["../venv/bin/python", "-c", script, str(tmp_path / "ws")], cwd=tmp_path / "project", check=False
+        )
+    assert (run.returncode, run.stdout.decode()) == (0, "42\n"), run.stderr.decode()

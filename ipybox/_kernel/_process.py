@@ -142,5 +142,10 @@ def default_python() -> list[str]:
     ``-P``: ``python -m`` would put the working directory (the workspace, which kernel code writes)
     first on ``sys.path``, so a planted ``ipybox_kernel.py`` or ``argparse.py`` would run as the
     launcher. The launcher appends the workspace at the end of ``sys.path`` instead.
+
+    The interpreter's directory is resolved (a path through ``..`` or a directory that exists only
+    on the host would not exist in the sandbox), its file name kept: a venv's ``python`` is a
+    symlink, and its own path is how it finds the venv.
     """
-    return [sys.executable, "-P"]
+    executable = Path(sys.executable)
+    return [str(executable.parent.resolve() / executable.name), "-P"]

@@ -1,6 +1,6 @@
-"""A small offline MCP server for the demo: made-up weather for a few cities.
+"""A small offline MCP server for the README's example and the demo: made-up weather for a few cities.
 
-Run over stdio: ``python examples/weather_server.py``.
+Run over stdio: ``python -m ipybox.examples.weather``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Small MCP servers that ship with ipybox, so the README's example runs without a clone."""
