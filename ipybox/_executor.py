@@ -56,10 +56,10 @@ from ._manifest import MANIFEST_DIR, load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._packages import install_package
 from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
-from ._sandbox import resolve_sandbox
 from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver import ToolCall, ToolCallDenied, ToolServer
 from ._workspace import copy_file, write_file
+from .sandbox._sandbox import resolve_sandbox
 
 __all__ = ("CodeExecutor",)
 

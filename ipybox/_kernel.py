@@ -51,11 +51,11 @@ from jupyter_client.connect import write_connection_file
 from jupyter_client.session import Session
 from zmq.utils.monitor import recv_monitor_message
 
-from ._cgroup import PidsCgroup
 from ._config import Limits, SandboxConfig
 from ._exceptions import KernelDied, KernelStartError, UsageError
-from ._sandbox import bwrap_argv, sandbox_filter_fd
 from ._tooldir import open_tools_dir
+from .sandbox._cgroup import PidsCgroup
+from .sandbox._sandbox import bwrap_argv, sandbox_filter_fd
 
 __all__ = (
     "Display",
