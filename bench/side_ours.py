@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 import benchlib
 
 from ipybox import CodeExecutor, generate_mcp_sources
-from ipybox._codegen import generate_package
+from ipybox.codegen._codegen import generate_package
 
 __all__ = ("OursSide",)
 

@@ -11,7 +11,6 @@ if TYPE_CHECKING:
     from ._approval import ApprovalDecision as ApprovalDecision
     from ._approval import ApprovalRequest as ApprovalRequest
     from ._approval import ApprovalRules as ApprovalRules
-    from ._codegen import generate_mcp_sources as generate_mcp_sources
     from ._config import Limits as Limits
     from ._config import SandboxConfig as SandboxConfig
     from ._config import Timeouts as Timeouts
@@ -37,7 +36,8 @@ if TYPE_CHECKING:
     from ._results import CodeExecutionResult as CodeExecutionResult
     from ._results import Image as Image
     from ._results import Output as Output
-    from ._stubs import render_tool_stubs as render_tool_stubs
+    from .codegen._codegen import generate_mcp_sources as generate_mcp_sources
+    from .codegen._stubs import render_tool_stubs as render_tool_stubs
 
     __version__: str
 
@@ -76,8 +76,8 @@ _LAZY = {
     "SandboxUnavailable": "._exceptions",
     "StdioServer": "._mcp",
     "UsageError": "._exceptions",
-    "generate_mcp_sources": "._codegen",
-    "render_tool_stubs": "._stubs",
+    "generate_mcp_sources": ".codegen._codegen",
+    "render_tool_stubs": ".codegen._stubs",
 }
 
 __all__ = (

@@ -18,11 +18,11 @@ import anyio
 from . import __version__
 from ._exceptions import IpyboxError, UsageError
 from ._manifest import MANIFEST_DIR, MANIFEST_FILE
-from ._mcp_config import add_arguments as add_mcp_arguments
-from ._stubs import render_tool_stubs
+from .codegen._stubs import render_tool_stubs
+from .mcp_server._config import add_arguments as add_mcp_arguments
 
 if TYPE_CHECKING:
-    from ._codegen import GenerationReport
+    from .codegen._codegen import GenerationReport
 
 __all__ = ("main",)
 
@@ -85,7 +85,7 @@ def _print_report(report: GenerationReport, root: Path) -> None:
 def _cmd_generate(args: argparse.Namespace) -> int:
     # Imported here, like the MCP server below: code generation needs the MCP client and
     # datamodel-code-generator, which `ipybox --version`, `--help` and `stubs` should not load.
-    from ._codegen import generate_package
+    from .codegen._codegen import generate_package
 
     params = _server_params(args)
     root = Path(args.root)
@@ -109,7 +109,7 @@ def _cmd_stubs(args: argparse.Namespace) -> int:
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
     # Imported here: the MCP server stack is only needed by this subcommand.
-    from .mcp_server import run_parsed
+    from .mcp_server._server import run_parsed
 
     return run_parsed(args)
 

@@ -41,11 +41,11 @@ from ._manifest import load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._output import OutputCollector, clean_traceback
 from ._packages import install_package
-from ._sandbox import resolve_sandbox
 from ._supervisor import KernelSupervisor
 from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver import ToolServer
 from ._workspace import copy_file, write_file
+from .sandbox._sandbox import resolve_sandbox
 
 __all__ = ("CodeExecutor",)
 

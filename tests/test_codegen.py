@@ -20,10 +20,10 @@ from codegen_support import (
     shapes_params,
 )
 
-from ipybox._codegen import GenerationReport, generate_mcp_sources, generate_package
 from ipybox._exceptions import GenerationError, UsageError
 from ipybox._manifest import load_manifest
 from ipybox._mcp import StdioServer, open_session, parse_server_params
+from ipybox.codegen._codegen import GenerationReport, generate_mcp_sources, generate_package
 
 pytestmark = pytest.mark.anyio
 

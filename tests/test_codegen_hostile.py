@@ -16,9 +16,9 @@ import pytest
 from anyio.abc import SocketStream
 from codegen_support import SERVERS, hostile_breakouts, run_json
 
-from ipybox._codegen import GenerationReport, generate_package
-from ipybox._modelgen import _parse, _Unsafe, generate_tool_models
-from ipybox._stubs import render_tool_stubs
+from ipybox.codegen._codegen import GenerationReport, generate_package
+from ipybox.codegen._modelgen import _parse, _Unsafe, generate_tool_models
+from ipybox.codegen._stubs import render_tool_stubs
 
 pytestmark = pytest.mark.anyio
 

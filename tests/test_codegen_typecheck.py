@@ -10,7 +10,7 @@ import anyio
 import pytest
 from codegen_support import EVERYTHING_BIN, SERVERS, everything_params, shapes_params
 
-from ipybox._codegen import generate_mcp_sources
+from ipybox.codegen._codegen import generate_mcp_sources
 
 pytestmark = pytest.mark.anyio
 

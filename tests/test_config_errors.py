@@ -10,7 +10,7 @@ import pytest
 from ipybox import StdioServer, UsageError
 from ipybox._cli import _build_parser
 from ipybox._mcp import parse_server_params
-from ipybox._mcp_config import ServerConfig, config_from_args
+from ipybox.mcp_server._config import ServerConfig, config_from_args
 
 
 def load(tmp_path: Path, config: object) -> ServerConfig:

@@ -594,7 +594,7 @@ def test_http_beyond_loopback_without_a_token_is_refused_and_names_the_variable(
 
 
 def test_loopback_addresses_may_serve_http_without_a_token() -> None:
-    from ipybox._mcp_config import check_exposure
+    from ipybox.mcp_server._config import check_exposure
 
     for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
         check_exposure(host, None)
@@ -683,7 +683,7 @@ def test_the_plugin_and_the_registry_entry_start_ipybox_with_valid_options() -> 
 
 def test_network_clients_may_register_servers_only_when_the_operator_allows_it(tmp_path: Path) -> None:
     from ipybox._cli import _build_parser
-    from ipybox._mcp_config import config_from_args
+    from ipybox.mcp_server._config import config_from_args
 
     def allowed(*options: str) -> bool:
         args = _build_parser().parse_args(["mcp", "--workspace", str(tmp_path), *options])

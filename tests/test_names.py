@@ -8,8 +8,8 @@ import keyword
 
 import pytest
 
-from ipybox._names import MAX_IDENTIFIER_LENGTH, Renamed, assign_identifiers, python_identifier
-from ipybox._pysource import comment_text, docstring_literal, first_line
+from ipybox.codegen._names import MAX_IDENTIFIER_LENGTH, Renamed, assign_identifiers, python_identifier
+from ipybox.codegen._pysource import comment_text, docstring_literal, first_line
 
 
 @pytest.mark.parametrize(

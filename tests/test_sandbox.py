@@ -12,8 +12,8 @@ import anyio
 import pytest
 
 from ipybox import CodeExecutor, Limits, SandboxConfig, UsageError
-from ipybox._cgroup import pids_cgroups_available
 from ipybox._kernel import bytecode_missing
+from ipybox.sandbox._cgroup import pids_cgroups_available
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from ipybox._seccomp import _BLOCKED, BLOCKED_SYSCALLS, syscall_filter
+from ipybox.sandbox._seccomp import _BLOCKED, BLOCKED_SYSCALLS, syscall_filter
 
 ALLOW, EPERM, ENOSYS = 0x7FFF0000, 0x00050001, 0x00050026
 ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}

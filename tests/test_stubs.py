@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from codegen_support import EVERYTHING_BIN, EVERYTHING_MISSING, everything_params, shapes_params
 
-from ipybox._codegen import generate_mcp_sources
 from ipybox._exceptions import UsageError
 from ipybox._mcp import open_session, parse_server_params
-from ipybox._stubs import render_tool_stubs
+from ipybox.codegen._codegen import generate_mcp_sources
+from ipybox.codegen._stubs import render_tool_stubs
 
 pytestmark = pytest.mark.anyio
 

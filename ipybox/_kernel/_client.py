@@ -35,11 +35,11 @@ import anyio.abc
 from jupyter_client.connect import write_connection_file
 from jupyter_client.session import Session
 
-from ipybox._cgroup import PidsCgroup
 from ipybox._config import Limits, SandboxConfig
 from ipybox._exceptions import KernelDied, KernelStartError, UsageError
-from ipybox._sandbox import bwrap_argv, sandbox_filter_fd
 from ipybox._tooldir import open_tools_dir
+from ipybox.sandbox._cgroup import PidsCgroup
+from ipybox.sandbox._sandbox import bwrap_argv, sandbox_filter_fd
 
 from ._messages import Dropped, Inbox, KernelEvent, Reply, decode, message_limit, parse
 from ._process import StderrTail, close_fd, launcher_argv, sandboxed_kernel_pid, wait_for_exit

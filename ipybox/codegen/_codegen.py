@@ -37,13 +37,14 @@ import mcp_types
 from anyio.streams.memory import MemoryObjectSendStream
 from mcp.shared.exceptions import MCPError
 
-from ._exceptions import GenerationError, MCPServerError, UsageError
-from ._manifest import load_manifest, manifest_lock, save_manifest_entry
-from ._mcp import HttpServer, ServerExitWatch, StdioServer, open_session, parse_server_params
+from ipybox._exceptions import GenerationError, MCPServerError, UsageError
+from ipybox._manifest import load_manifest, manifest_lock, save_manifest_entry
+from ipybox._mcp import HttpServer, ServerExitWatch, StdioServer, open_session, parse_server_params
+from ipybox._tooldir import check_tools_dir, prepare_tools_dir, tools_dir_path
+
 from ._modelgen import Import, ToolModels, generate_tool_models, warm_up
 from ._names import Renamed, assign_identifiers, python_identifier
 from ._pysource import docstring_literal, first_line, normalize_text
-from ._tooldir import check_tools_dir, prepare_tools_dir, tools_dir_path
 
 __all__ = (
     "GenerationReport",

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._exceptions import UsageError
+from ipybox._exceptions import UsageError
+
 from ._pysource import comment_text, first_line
 
 __all__ = ("render_tool_stubs",)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from ._exceptions import UsageError
-from ._mcp import HttpServer, StdioServer, parse_server_params
+from ipybox._exceptions import UsageError
+from ipybox._mcp import HttpServer, StdioServer, parse_server_params
 
 __all__ = (
     "TOKEN_ENV",

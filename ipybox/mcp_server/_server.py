@@ -51,12 +51,11 @@ from mcp_types import (
 )
 from pydantic import BaseModel, Field
 
-from . import __version__
-from ._approval import ApprovalCallback, ApprovalDecision, ApprovalRequest, ApprovalRules
-from ._codegen import generate_mcp_sources
-from ._config import Limits, SandboxConfig, Timeouts
-from ._events import wait_any
-from ._exceptions import (
+from ipybox import __version__
+from ipybox._approval import ApprovalCallback, ApprovalDecision, ApprovalRequest, ApprovalRules
+from ipybox._config import Limits, SandboxConfig, Timeouts
+from ipybox._events import wait_any
+from ipybox._exceptions import (
     CodeExecutionError,
     ExecutionError,
     ExecutionTimeout,
@@ -64,12 +63,14 @@ from ._exceptions import (
     KernelError,
     UsageError,
 )
-from ._executor import CodeExecutor
-from ._mcp import HttpServer, StdioServer, describe_server, parse_server_params
-from ._mcp_config import TOKEN_ENV, ServerConfig, add_arguments, bearer_token, check_exposure, config_from_args
-from ._results import CodeExecutionResult
-from ._stubs import render_tool_stubs
-from ._workspace import read_file, write_file
+from ipybox._executor import CodeExecutor
+from ipybox._mcp import HttpServer, StdioServer, describe_server, parse_server_params
+from ipybox._results import CodeExecutionResult
+from ipybox._workspace import read_file, write_file
+from ipybox.codegen._codegen import generate_mcp_sources
+from ipybox.codegen._stubs import render_tool_stubs
+
+from ._config import TOKEN_ENV, ServerConfig, add_arguments, bearer_token, check_exposure, config_from_args
 
 __all__ = ("ServerConfig", "build_server", "main", "run_parsed", "serve")
 
@@ -834,7 +835,3 @@ def run_parsed(args: argparse.Namespace) -> int:
         print(f"ipybox mcp: error: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

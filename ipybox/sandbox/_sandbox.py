@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from ._config import SandboxConfig
-from ._exceptions import SandboxUnavailable, UsageError
+from ipybox._config import SandboxConfig
+from ipybox._exceptions import SandboxUnavailable, UsageError
+
 from ._seccomp import filter_pipe, syscall_filter
 
 __all__ = ("bwrap_argv", "resolve_sandbox", "sandbox_filter_fd")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ipybox import CodeExecutor, ExecutionTimeout, KernelDied, Limits, Timeouts
-from ipybox._cgroup import pids_cgroups_available
+from ipybox.sandbox._cgroup import pids_cgroups_available
 
 from .conftest import descendants, kernel_of, run, wait_until_gone
 

@@ -1,0 +1,37 @@
+"""ipybox as an MCP server: code actions in a sandboxed kernel per MCP session, with approved tool calls.
+
+Run it with ``ipybox mcp`` or ``python -m ipybox.mcp_server``. ``_config`` holds the options and
+`ServerConfig` (light: ``ipybox --help`` reads it), ``_server`` the server. The names below are imported on
+first use, so importing this package does not load the MCP server stack.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._config import ServerConfig as ServerConfig
+    from ._server import build_server as build_server
+    from ._server import main as main
+    from ._server import run_parsed as run_parsed
+    from ._server import serve as serve
+
+_LAZY = {
+    "ServerConfig": "._config",
+    "build_server": "._server",
+    "main": "._server",
+    "run_parsed": "._server",
+    "serve": "._server",
+}
+
+__all__ = ("ServerConfig", "build_server", "main", "run_parsed", "serve")
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        if name not in _LAZY:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
