@@ -182,7 +182,7 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
         async with session.use() as executor, session.lock:
             notice, session.notice = session.notice, ""
             session.ctx, session.code = ctx, code
-            execution = executor.execute(code, timeout=timeout or config.timeout)
+            execution = executor.execute(code, timeout=timeout or config.timeouts.execution)
             try:
                 result = await execution
             except anyio.get_cancelled_exc_class():

@@ -27,7 +27,6 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, Field
 
 from ipybox._approval import ApprovalDecision, ApprovalRequest, ApprovalRules
-from ipybox._config import Limits, SandboxConfig, Timeouts
 from ipybox._events import wait_any
 from ipybox._exceptions import IpyboxError
 from ipybox._executor import CodeExecutor
@@ -139,14 +138,13 @@ class Session:
 
     def _executor(self) -> CodeExecutor:
         config = self.config
-        sandbox = SandboxConfig(ro_paths=config.ro_paths, rw_paths=config.rw_paths) if config.sandbox else None
         # Servers listed in the tools directory's manifest are registered again on a restart.
         return CodeExecutor(
             workspace=self.workspace,
-            sandbox=sandbox,
+            sandbox=config.sandbox,
             env=config.env,
-            limits=Limits(memory=config.memory),
-            timeouts=Timeouts(execution=config.timeout, approval=config.approval_timeout),
+            limits=config.limits,
+            timeouts=config.timeouts,
             tools_dir=self.tools_dir,
             approval=self._approve,
         )
