@@ -109,7 +109,7 @@ def _cmd_stubs(args: argparse.Namespace) -> int:
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
     # Imported here: the MCP server stack is only needed by this subcommand.
-    from .mcp_server._server import run_parsed
+    from .mcp_server._http import run_parsed
 
     return run_parsed(args)
 

@@ -17,7 +17,8 @@ from anyio.abc import SocketStream
 from codegen_support import SERVERS, hostile_breakouts, run_json
 
 from ipybox.codegen._codegen import GenerationReport, generate_package
-from ipybox.codegen._modelgen import _parse, _Unsafe, generate_tool_models
+from ipybox.codegen._modelcheck import Unsafe, parse_generated
+from ipybox.codegen._modelgen import generate_tool_models
 from ipybox.codegen._stubs import render_tool_stubs
 
 pytestmark = pytest.mark.anyio
@@ -242,8 +243,8 @@ def test_output_schemas_that_are_not_objects_still_get_a_result_model() -> None:
     ],
 )
 def test_generated_code_outside_the_allowlist_is_rejected(source: str) -> None:
-    with pytest.raises(_Unsafe):
-        _parse(source)
+    with pytest.raises(Unsafe):
+        parse_generated(source)
 
 
 def test_generated_code_inside_the_allowlist_is_accepted() -> None:
@@ -268,7 +269,7 @@ class A(BaseModel):
     k: Kind = Kind.a
     c: conint(ge=1) = 1
 """
-    parsed = _parse(source)
+    parsed = parse_generated(source)
     assert parsed.classes == ["Kind", "Node", "A"]
     assert [c.value for c in parsed.forward_refs] == ["Node", "Node"]
 

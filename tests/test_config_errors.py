@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox import StdioServer, UsageError
+from ipybox import Limits, SandboxConfig, StdioServer, Timeouts, UsageError
 from ipybox._cli import _build_parser
 from ipybox._mcp import parse_server_params
 from ipybox.mcp_server._config import ServerConfig, config_from_args
@@ -65,3 +65,21 @@ def test_args_given_as_a_string_is_an_error_showing_the_list_to_write() -> None:
     expected = r"'args' must be a list of strings, got the string 's.py -v'; write it as \[\"s.py\", \"-v\"\]"
     with pytest.raises(UsageError, match=expected):
         parse_server_params({"command": "python", "args": "s.py -v"})
+
+
+def test_the_mcp_servers_kernel_config_is_the_executors_with_its_defaults_and_the_options_on_top(
+    tmp_path: Path,
+) -> None:
+    parse = _build_parser().parse_args
+    plain = config_from_args(parse(["mcp", "--workspace", str(tmp_path)]))
+    assert (plain.limits, plain.sandbox) == (Limits(), SandboxConfig())
+    # Only the cell and approval timeouts are the server's own; the others are the executor's.
+    assert (plain.timeouts.execution, plain.timeouts.approval) == (120.0, 300.0)
+    assert (plain.timeouts.tool, plain.timeouts.start) == (Timeouts().tool, Timeouts().start)
+
+    argv = ["mcp", "--workspace", str(tmp_path), "--memory-mb", "0", "--timeout", "5", "--ro-path", str(tmp_path)]
+    tuned = config_from_args(parse(argv))
+    assert tuned.limits == Limits(memory=None)
+    assert tuned.timeouts == Timeouts(execution=5.0, approval=300.0)
+    assert tuned.sandbox == SandboxConfig(ro_paths=(tmp_path.resolve(),))
+    assert config_from_args(parse(["mcp", "--workspace", str(tmp_path), "--no-sandbox"])).sandbox is None

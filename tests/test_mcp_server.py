@@ -634,7 +634,7 @@ def test_bad_options_and_config_files_stop_the_server_with_a_clear_message(tmp_p
     config = tmp_path / "bad.json"
     config.write_text(json.dumps({"mcpServers": {"x": {"url": "ftp://nope"}}}))
     cases = [
-        (["--ro-path", str(tmp_path / "missing")], "missing' must be an existing absolute path"),
+        (["--ro-path", str(tmp_path / "missing")], "missing' does not exist; create it or remove it"),
         (["--config", str(config)], "server 'x' in config file"),
         (["--workspace", str(tmp_path / "nowhere")], "create it first"),
     ]

@@ -2,9 +2,9 @@
 
 Models come from datamodel-code-generator's in-process API, one call per schema. Its output is not
 trusted as text: it is parsed, checked against an allowlist of the statement and expression shapes
-that plain pydantic models need (imports from a few library modules, classes with annotated fields,
-calls only to ``Field``-like constructors, string forward references only to generated classes), and
-rendered again with `ast.unparse`. Anything outside the allowlist makes the tool fall back to a
+that plain pydantic models need (``_modelcheck``: imports from a few library modules, classes with
+annotated fields, calls only to ``Field``-like constructors, string forward references only to
+generated classes), and rendered again with `ast.unparse`. Anything outside the allowlist makes the tool fall back to a
 permissive model. So a schema can change which models are generated, but never run code.
 
 Namespaces: input models keep their names (``Params``, ``Item``, ``Address``); every output model is
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._modelcheck import Import, Parsed, Unsafe, parse_generated
 from ._schema import SchemaRejected, clean_schema
 
 if TYPE_CHECKING:
@@ -32,57 +33,6 @@ if TYPE_CHECKING:
 __all__ = ("Import", "ToolModels", "generate_tool_models", "warm_up")
 
 Side = Literal["Params", "Result"]
-
-Import = tuple[str, str | None]
-"""Where a module-level name comes from: ``(module, attribute)``; attribute None for ``import module``."""
-
-# Library modules generated models may import from.
-_ALLOWED_MODULES = frozenset(
-    {
-        "__future__",
-        "datetime",
-        "decimal",
-        "enum",
-        "ipaddress",
-        "pathlib",
-        "pydantic",
-        "typing",
-        "typing_extensions",
-        "uuid",
-    }
-)
-# Callables generated code may call in class bodies, by the module they are imported from.
-_ALLOWED_CALLS = {
-    "pydantic": frozenset(
-        {
-            "ConfigDict",
-            "Field",
-            "StringConstraints",
-            "conbytes",
-            "condate",
-            "condecimal",
-            "confloat",
-            "confrozenset",
-            "conint",
-            "conlist",
-            "conset",
-            "constr",
-        }
-    ),
-    "decimal": frozenset({"Decimal"}),
-    "uuid": frozenset({"UUID"}),
-}
-# Constrained collections whose positional arguments are types (a string there is a forward ref).
-_TYPE_ARGUMENT_CALLS = frozenset({"conlist", "conset", "confrozenset"})
-_SAFE_BUILTINS = frozenset(
-    {"bool", "bytes", "dict", "float", "frozenset", "int", "list", "object", "set", "str", "tuple"}
-)
-_LITERAL_FORMS = frozenset({"Literal"})
-_ANNOTATED_FORMS = frozenset({"Annotated"})
-
-
-class _Unsafe(Exception):
-    """Generated code has a shape outside the allowlist."""
 
 
 @dataclass
@@ -152,172 +102,11 @@ def _generate(schema: dict[str, Any], side: Side) -> tuple[str, list[str]]:
         warnings.simplefilter("always")
         text = generate(schema, config=_config(side))
     if not isinstance(text, str):
-        raise _Unsafe("the generator produced more than one module")
+        raise Unsafe("the generator produced more than one module")
     return text, [str(w.message).split("\n", 1)[0] for w in caught]
 
 
-@dataclass
-class _Parsed:
-    imports: dict[str, Import]
-    body: list[ast.stmt]
-    classes: list[str]
-    forward_refs: list[ast.Constant] = field(default_factory=list[ast.Constant])
-    root: str = ""
-
-
-class _Checker:
-    """Checks generated statements against the allowlist and finds string forward references."""
-
-    def __init__(self, imports: Mapping[str, Import], classes: Iterable[str]) -> None:
-        self.imports = imports
-        self.classes = frozenset(classes)
-        self.forward_refs: list[ast.Constant] = []
-
-    def _imported(self, name: str, module: str) -> bool:
-        origin = self.imports.get(name)
-        return origin is not None and origin[0] == module
-
-    def _form(self, node: ast.expr, forms: frozenset[str]) -> bool:
-        if not isinstance(node, ast.Name) or node.id not in forms:
-            return False
-        return self._imported(node.id, "typing") or self._imported(node.id, "typing_extensions")
-
-    def name(self, node: ast.Name) -> None:
-        if not isinstance(node.ctx, ast.Load):
-            raise _Unsafe("assignment inside an expression")
-        if node.id not in self.imports and node.id not in self.classes and node.id not in _SAFE_BUILTINS:
-            raise _Unsafe(f"unknown name {node.id!r}")
-
-    def expr(self, node: ast.expr, *, as_type: bool) -> None:
-        """Check one expression; in a type position, strings are forward references and must name a class."""
-        match node:
-            case ast.Constant(value=str(text)) if as_type:
-                if text not in self.classes:
-                    raise _Unsafe(f"string annotation {text!r} is not a generated class")
-                self.forward_refs.append(node)
-            case ast.Constant(value=value):
-                if not isinstance(value, str | bytes | int | float | bool | None):
-                    raise _Unsafe("unexpected constant")
-            case ast.Name():
-                self.name(node)
-            case ast.Attribute(value=ast.Name(id=owner) as owner_node, attr=attr):
-                # Enum members of generated classes, and names in imported library modules.
-                self.name(owner_node)
-                is_module = owner in self.imports and self.imports[owner][1] is None
-                if attr.startswith("_") or not (owner in self.classes or is_module):
-                    raise _Unsafe(f"attribute access {owner}.{attr}")
-            case ast.Subscript(value=value, slice=index):
-                self.expr(value, as_type=as_type)
-                if self._form(value, _LITERAL_FORMS):
-                    self.expr(index, as_type=False)
-                elif self._form(value, _ANNOTATED_FORMS) and isinstance(index, ast.Tuple) and index.elts:
-                    self.expr(index.elts[0], as_type=True)
-                    for meta in index.elts[1:]:
-                        self.expr(meta, as_type=False)
-                else:
-                    self.expr(index, as_type=True)
-            case ast.Tuple(elts=elts) | ast.List(elts=elts) | ast.Set(elts=elts):
-                for elt in elts:
-                    self.expr(elt, as_type=as_type)
-            case ast.Dict(keys=keys, values=values):
-                for item in [*keys, *values]:
-                    if item is None:
-                        raise _Unsafe("dict unpacking")
-                    self.expr(item, as_type=False)
-            case ast.BinOp(left=left, op=ast.BitOr(), right=right):
-                self.expr(left, as_type=as_type)
-                self.expr(right, as_type=as_type)
-            case ast.UnaryOp(op=ast.USub() | ast.UAdd(), operand=ast.Constant(value=int() | float())):
-                pass
-            case ast.Call(func=ast.Name(id=func), args=args, keywords=keywords):
-                origin = self.imports.get(func)
-                if origin is None or origin[1] is None or func not in _ALLOWED_CALLS.get(origin[0], ()):
-                    raise _Unsafe(f"call to {func!r}")
-                takes_types = func in _TYPE_ARGUMENT_CALLS
-                for arg in args:
-                    self.expr(arg, as_type=takes_types)
-                for keyword in keywords:
-                    if keyword.arg is None:
-                        raise _Unsafe("keyword unpacking")
-                    self.expr(keyword.value, as_type=takes_types and keyword.arg == "item_type")
-            case _:
-                raise _Unsafe(f"{type(node).__name__} expression")
-
-    def class_def(self, node: ast.ClassDef) -> None:
-        if node.decorator_list or node.keywords:
-            raise _Unsafe(f"class {node.name!r} has decorators or keywords")
-        if node.name.startswith("_"):
-            raise _Unsafe(f"class name {node.name!r}")
-        for base in node.bases:
-            self.expr(base, as_type=True)
-        for stmt in node.body:
-            match stmt:
-                case ast.Expr(value=ast.Constant(value=str())) | ast.Pass():
-                    pass
-                case ast.AnnAssign(target=ast.Name(id=target), annotation=annotation, value=value, simple=1):
-                    _check_target(target, field=True)
-                    self.expr(annotation, as_type=True)
-                    if value is not None:
-                        self.expr(value, as_type=False)
-                case ast.Assign(targets=[ast.Name(id=target)], value=value):
-                    _check_target(target, field=False)
-                    self.expr(value, as_type=False)
-                case _:
-                    raise _Unsafe(f"{type(stmt).__name__} statement in class {node.name!r}")
-
-    def module_stmt(self, stmt: ast.stmt) -> None:
-        if not isinstance(stmt, ast.ClassDef):
-            raise _Unsafe(f"{type(stmt).__name__} statement at module level")
-        self.class_def(stmt)
-
-
-def _check_target(name: str, *, field: bool) -> None:
-    # Underscore names in a class body are special to Python (dunders), enum (_missing_, _ignore_)
-    # or pydantic (private attributes); the generator renames such fields, so none should appear.
-    if name.startswith("_") or (field and name == "model_config"):
-        raise _Unsafe(f"class attribute {name!r}")
-
-
-def _parse(text: str) -> _Parsed:
-    tree = ast.parse(text)
-    imports: dict[str, Import] = {}
-    body: list[ast.stmt] = []
-    for stmt in tree.body:
-        match stmt:
-            case ast.ImportFrom(module="__future__"):
-                pass
-            case ast.ImportFrom(module=str(module), names=names, level=0) if module in _ALLOWED_MODULES:
-                for alias in names:
-                    if alias.name == "*":
-                        raise _Unsafe("star import")
-                    imports[alias.asname or alias.name] = (module, alias.name)
-            case ast.Import(names=names):
-                for alias in names:
-                    if alias.name not in _ALLOWED_MODULES:
-                        raise _Unsafe(f"import of {alias.name!r}")
-                    imports[alias.asname or alias.name] = (alias.name, None)
-            case ast.Import() | ast.ImportFrom():
-                raise _Unsafe("import from a module outside the allowlist")
-            case ast.Expr(value=ast.Constant(value=str())):
-                pass
-            case ast.Expr(value=ast.Call(func=ast.Attribute(attr="model_rebuild"), args=[], keywords=[])):
-                # With deferred building, pydantic resolves forward references on first use;
-                # rebuilding here would build every validator at import.
-                pass
-            case _:
-                body.append(stmt)
-    classes = [stmt.name for stmt in body if isinstance(stmt, ast.ClassDef)]
-    if len(set(classes)) != len(classes):
-        raise _Unsafe("a class is defined twice")
-    if shadowing := sorted(set(classes) & set(imports)):
-        raise _Unsafe(f"class {shadowing[0]!r} shadows an import")
-    checker = _Checker(imports, classes)
-    for stmt in body:
-        checker.module_stmt(stmt)
-    return _Parsed(imports, body, classes, checker.forward_refs)
-
-
-def _is_base_model(parsed: _Parsed, class_name: str) -> bool:
+def _is_base_model(parsed: Parsed, class_name: str) -> bool:
     for stmt in parsed.body:
         if isinstance(stmt, ast.ClassDef) and stmt.name == class_name:
             return any(
@@ -326,7 +115,7 @@ def _is_base_model(parsed: _Parsed, class_name: str) -> bool:
     return False
 
 
-def _fallback(side: Side) -> _Parsed:
+def _fallback(side: Side) -> Parsed:
     what = "arguments" if side == "Params" else "structured result"
     doc = f"The tool's {what}; its schema could not be turned into a typed model, so any fields are accepted."
     text = (
@@ -335,12 +124,12 @@ def _fallback(side: Side) -> _Parsed:
         f"    {doc!r}\n"
         "    model_config = ConfigDict(extra='allow')\n"
     )
-    parsed = _parse(text)
+    parsed = parse_generated(text)
     parsed.root = side
     return parsed
 
 
-def _mark_root(parsed: _Parsed, marker: str, description: Any) -> None:
+def _mark_root(parsed: Parsed, marker: str, description: Any) -> None:
     """Find the root model by the marker description the schema was given, and undo the marker.
 
     The generator puts a schema's description into the class docstring, and for root models also
@@ -373,10 +162,10 @@ def _mark_root(parsed: _Parsed, marker: str, description: Any) -> None:
                 stmt.body.append(ast.Pass())
             parsed.root = found
             return
-    raise _Unsafe("the root model was not generated")
+    raise Unsafe("the root model was not generated")
 
 
-def _side(schema: Any, side: Side, notes: list[str], fallbacks: list[Side]) -> _Parsed:
+def _side(schema: Any, side: Side, notes: list[str], fallbacks: list[Side]) -> Parsed:
     try:
         cleaned, cleaning_notes = clean_schema(schema)
         notes.extend(f"{side}: {note}" for note in cleaning_notes)
@@ -386,13 +175,13 @@ def _side(schema: Any, side: Side, notes: list[str], fallbacks: list[Side]) -> _
         description = cleaned.get("description")
         text, generator_notes = _generate({**cleaned, "description": marker}, side)
         notes.extend(f"{side}: {note}" for note in generator_notes)
-        parsed = _parse(text)
+        parsed = parse_generated(text)
         _mark_root(parsed, marker, description)
         if side == "Params" and not _is_base_model(parsed, parsed.root):
-            raise _Unsafe("the input schema does not describe an object")
+            raise Unsafe("the input schema does not describe an object")
     except SchemaRejected as exc:
         notes.append(f"{side}: schema rejected: {exc}; using a permissive model")
-    except _Unsafe as exc:
+    except Unsafe as exc:
         notes.append(f"{side}: generated code rejected: {exc}; using a permissive model")
     except Exception as exc:
         # The generator is third-party code run on hostile input; whatever it raises for one tool must
@@ -514,7 +303,7 @@ def generate_tool_models(
         fallbacks.append("Params")
         params = _fallback("Params")
         _merge_imports(imports, params.imports)
-    result: _Parsed | None = None
+    result: Parsed | None = None
     if output_schema is not None:
         result = _side(output_schema, "Result", notes, fallbacks)
         if not _merge_imports(imports, result.imports):

@@ -1,8 +1,10 @@
 """ipybox as an MCP server: code actions in a sandboxed kernel per MCP session, with approved tool calls.
 
 Run it with ``ipybox mcp`` or ``python -m ipybox.mcp_server``. ``_config`` holds the options and
-`ServerConfig` (light: ``ipybox --help`` reads it), ``_server`` the server. The names below are imported on
-first use, so importing this package does not load the MCP server stack.
+`ServerConfig` (light: ``ipybox --help`` reads it), ``_sessions`` a session's executor and the
+approval of its tool calls, ``_server`` the MCP tools, ``_http`` the transports and the command
+line. The names below are imported on first use, so importing this package does not load the MCP
+server stack.
 """
 
 from __future__ import annotations
@@ -12,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._config import ServerConfig as ServerConfig
+    from ._http import main as main
+    from ._http import run_parsed as run_parsed
+    from ._http import serve as serve
     from ._server import build_server as build_server
-    from ._server import main as main
-    from ._server import run_parsed as run_parsed
-    from ._server import serve as serve
 
 _LAZY = {
     "ServerConfig": "._config",
     "build_server": "._server",
-    "main": "._server",
-    "run_parsed": "._server",
-    "serve": "._server",
+    "main": "._http",
+    "run_parsed": "._http",
+    "serve": "._http",
 }
 
 __all__ = ("ServerConfig", "build_server", "main", "run_parsed", "serve")

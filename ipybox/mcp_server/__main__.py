@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._server import main
+from ._http import main
 
 __all__ = ()
 

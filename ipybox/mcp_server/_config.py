@@ -11,14 +11,16 @@ import ipaddress
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from ipybox._config import Limits, SandboxConfig, Timeouts
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer, parse_server_params
 
 __all__ = (
+    "DEFAULT_TIMEOUTS",
     "TOKEN_ENV",
     "ApprovalMode",
     "ServerConfig",
@@ -37,19 +39,28 @@ DEFAULT_PORT = 8000
 DEFAULT_IDLE_TTL = 30 * 60.0
 
 
+# The MCP server's own timeouts where an SDK executor has none: a model's cell should not run for
+# ever, and an elicitation nobody answers should not hold the kernel.
+DEFAULT_TIMEOUTS = Timeouts(execution=120.0, approval=300.0)
+DEFAULT_MAX_OUTPUT_CHARS = 20_000
+DEFAULT_MAX_FILE_BYTES = 20 * 1024**2
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServerConfig:
     """Everything the MCP server needs to know; one `CodeExecutor` per MCP session is built from it.
 
+    The kernel's sandbox, limits and timeouts are the executor's own configuration objects, with
+    their defaults (only the timeouts differ: see `DEFAULT_TIMEOUTS`).
+
     Attributes:
         workspace: The kernel's working directory. With several sessions (HTTP), each session
             works in its own subdirectory ``sessions/<id>`` of it.
-        sandbox: Run kernels in the bubblewrap sandbox (strongly recommended).
-        ro_paths: Extra host paths the kernel may read.
-        rw_paths: Extra host paths the kernel may write.
+        sandbox: How kernels are sandboxed; None runs them without a sandbox (unsafe).
         env: Environment variables for the kernel.
-        memory: Address-space limit of a kernel in bytes (None: no limit).
-        timeout: Default seconds one ``execute_ipython_cell`` may run.
+        limits: The kernel's resource limits.
+        timeouts: ``execution`` is the default time one ``execute_ipython_cell`` may run,
+            ``approval`` how long to wait for the user's answer before rejecting a tool call.
         max_timeout: The largest timeout a client may ask for.
         max_output_chars: Default characters of output returned by one cell.
         max_code_chars: The longest code string accepted.
@@ -62,7 +73,6 @@ class ServerConfig:
         allow_read_only: Approve tools annotated ``readOnlyHint: true``. A server is started only for
             an approved call, so its annotations are known from the second call on: the first call
             to a server is decided by the other rules.
-        approval_timeout: Seconds to wait for the user's answer before rejecting.
         servers: MCP servers registered in every session at its start.
         allow_register: Whether clients may register servers (which runs commands on the host).
         idle_ttl: Seconds without a request after which a session's kernel is shut down; the next
@@ -71,21 +81,18 @@ class ServerConfig:
     """
 
     workspace: Path
-    sandbox: bool = True
-    ro_paths: tuple[Path, ...] = ()
-    rw_paths: tuple[Path, ...] = ()
+    sandbox: SandboxConfig | None = field(default_factory=SandboxConfig)
     env: Mapping[str, str] = field(default_factory=dict[str, str])
-    memory: int | None = 4 * 1024**3
-    timeout: float = 120.0
+    limits: Limits = field(default_factory=Limits)
+    timeouts: Timeouts = DEFAULT_TIMEOUTS
     max_timeout: float = 3600.0
-    max_output_chars: int = 20_000
+    max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     max_code_chars: int = 1_000_000
-    max_file_bytes: int = 20 * 1024**2
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     approval: ApprovalMode = "ask"
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     allow_read_only: bool = False
-    approval_timeout: float = 300.0
     servers: Mapping[str, StdioServer | HttpServer] = field(default_factory=dict[str, StdioServer | HttpServer])
     allow_register: bool = True
     idle_ttl: float = DEFAULT_IDLE_TTL
@@ -93,17 +100,9 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not self.workspace.is_dir():
             raise UsageError(f"workspace {str(self.workspace)!r} is not an existing directory; create it first")
-        for path in (*self.ro_paths, *self.rw_paths):
-            if not path.is_absolute() or not path.exists():
-                raise UsageError(f"sandbox path {str(path)!r} must be an existing absolute path; create it or drop it")
         if self.approval not in ("ask", "auto", "deny"):
             raise UsageError(f"approval must be 'ask', 'auto' or 'deny', got {self.approval!r}")
-        for name, value in (
-            ("timeout", self.timeout),
-            ("max_timeout", self.max_timeout),
-            ("approval_timeout", self.approval_timeout),
-            ("idle_ttl", self.idle_ttl),
-        ):
+        for name, value in (("max_timeout", self.max_timeout), ("idle_ttl", self.idle_ttl)):
             if not value > 0:
                 raise UsageError(f"{name} must be a positive number of seconds, got {value!r}")
         for name, size in (
@@ -221,10 +220,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     kernel.add_argument("--ro-path", action="append", type=Path, default=[], help="extra path the kernel may read")
     kernel.add_argument("--rw-path", action="append", type=Path, default=[], help="extra path the kernel may write")
     kernel.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment variable for the kernel")
-    kernel.add_argument("--memory-mb", type=int, help="kernel memory limit in MiB (default: 4096; 0: none)")
-    kernel.add_argument("--timeout", type=float, help="default cell timeout in seconds (default: 120)")
-    kernel.add_argument("--max-output-chars", type=int, help="default output characters per cell (default: 20000)")
-    kernel.add_argument("--max-file-mb", type=float, help="largest upload/download in MiB (default: 20)")
+    memory = Limits().memory
+    kernel.add_argument(
+        "--memory-mb",
+        type=int,
+        help=f"kernel memory limit in MiB (default: {memory // 1024**2 if memory else 'none'}; 0: none)",
+    )
+    kernel.add_argument(
+        "--timeout", type=float, help=f"default cell timeout in seconds (default: {DEFAULT_TIMEOUTS.execution:g})"
+    )
+    kernel.add_argument(
+        "--max-output-chars",
+        type=int,
+        help=f"default output characters per cell (default: {DEFAULT_MAX_OUTPUT_CHARS})",
+    )
+    kernel.add_argument(
+        "--max-file-mb",
+        type=float,
+        help=f"largest upload/download in MiB (default: {DEFAULT_MAX_FILE_BYTES // 1024**2})",
+    )
     kernel.add_argument(
         "--no-register", action="store_true", help="clients may not register MCP servers (only --config ones)"
     )
@@ -273,23 +287,25 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     mode: object = args.approval or policy.get("mode", "ask")
     if mode not in ("ask", "auto", "deny"):
         raise UsageError(f"approval mode in {source} must be 'ask', 'auto' or 'deny', got {mode!r}")
-    memory: int | None = 4 * 1024**3
+    limits = Limits()
     if args.memory_mb is not None:
-        memory = args.memory_mb * 1024**2 if args.memory_mb > 0 else None
-    extra: dict[str, Any] = {}
+        limits = Limits(memory=args.memory_mb * 1024**2 if args.memory_mb > 0 else None)
+    timeouts = DEFAULT_TIMEOUTS
     if args.timeout is not None:
-        extra["timeout"] = args.timeout
+        timeouts = replace(timeouts, execution=args.timeout)
+    extra: dict[str, Any] = {}
     if args.max_output_chars is not None:
         extra["max_output_chars"] = args.max_output_chars
     if args.max_file_mb is not None:
         extra["max_file_bytes"] = int(args.max_file_mb * 1024**2)
+    ro_paths = tuple(p.expanduser().resolve() for p in args.ro_path)
+    rw_paths = tuple(p.expanduser().resolve() for p in args.rw_path)
     return ServerConfig(
         workspace=args.workspace.expanduser().resolve(),
-        sandbox=not args.no_sandbox,
-        ro_paths=tuple(p.expanduser().resolve() for p in args.ro_path),
-        rw_paths=tuple(p.expanduser().resolve() for p in args.rw_path),
+        sandbox=None if args.no_sandbox else SandboxConfig(ro_paths=ro_paths, rw_paths=rw_paths),
         env=_pairs(args.env),
-        memory=memory,
+        limits=limits,
+        timeouts=timeouts,
         approval=mode,
         allow=(*_str_list(policy.get("allow"), "allow", source), *args.allow),
         deny=(*_str_list(policy.get("deny"), "deny", source), *args.deny),
