@@ -9,6 +9,8 @@ resuming from the outer `RunState`): they fail loudly if a new SDK version chang
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -303,3 +305,17 @@ async def test_a_run_config_model_for_every_agent_does_not_replace_the_kernel_dr
         state.approve(result.interruptions[0], always_approve=True)
         result = await Runner.run(agent, state, run_config=config)
     assert tool_outputs(result) == ["Hello, a!\nHello, b!\n"]
+
+
+async def test_the_example_agent_runs_offline_with_approvals_answered_at_the_terminal() -> None:
+    script = Path(__file__).resolve().parents[2] / "integrations" / "openai_agents_agent.py"
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    with anyio.fail_after(110):
+        run = await anyio.run_process([sys.executable, str(script)], input=b"a\nn\nnot today\n", env=env, check=False)
+    out = run.stdout.decode()
+    assert run.returncode == 0, run.stderr.decode()
+    # One question for get_forecast (always approved: the second city asks nothing), one for the e-mail.
+    assert out.count("The code wants to call weather__get_forecast") == 1
+    assert out.count("The code wants to call weather__send_report") == 1
+    assert "| lisbon:" in out and "| report not sent: not today" in out
+    assert out.rstrip().endswith("the report was not sent.")
