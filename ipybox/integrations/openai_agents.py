@@ -26,11 +26,14 @@ import inspect
 import json
 import re
 import secrets
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, cast
 
+import anyio
 from agents import (
     Agent,
     FunctionTool,
@@ -53,7 +56,15 @@ from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from pydantic import BaseModel
 
-from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutionChunk, CodeExecutor, ExecutionLost, UsageError
+from ipybox import (
+    ApprovalDecision,
+    ApprovalRequest,
+    CodeExecutionChunk,
+    CodeExecutor,
+    Execution,
+    ExecutionLost,
+    UsageError,
+)
 
 from ._core import (
     DEFAULT_TTL,
@@ -354,6 +365,24 @@ def _split_call_id(call_id: str) -> tuple[str, str]:
     return key, request_id
 
 
+@dataclass
+class _Busy:
+    """The adapter's code actions of one executor: who drives the kernel now, who is paused."""
+
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    paused: dict[str, Execution] = field(default_factory=dict[str, Execution])
+
+
+_executors: weakref.WeakKeyDictionary[CodeExecutor, _Busy] = weakref.WeakKeyDictionary()
+
+
+def _busy(executor: CodeExecutor) -> _Busy:
+    busy = _executors.get(executor)
+    if busy is None:
+        busy = _executors[executor] = _Busy()
+    return busy
+
+
 class _Ask(Exception):
     """Stops the walk of an execution at a request that needs the run's approval."""
 
@@ -415,13 +444,13 @@ class _KernelDriver(Model):
     ) -> ModelResponse:
         items: list[Any] = [{"role": "user", "content": input}] if isinstance(input, str) else list(input)
         asked = [_field(item, "call_id") for item in items if _field(item, "type") == "function_call"]
-        if not asked:
-            # A new nested run: the one place a code action starts.
-            key = f"{_KEY_PREFIX}{secrets.token_hex(12)}"
-            code = _text(_field(items[0], "content"))
-            execution = start_or_attach(self._executor, key, code, approval="ask", ttl=self._ttl, timeout=self._timeout)
-        else:
+        # One code action at a time per kernel: drive them in turn, so that a second one never starts
+        # (and waits behind a paused one in the kernel, a deadlock) without knowing why it cannot run.
+        async with _busy(self._executor).lock:
+            if not asked:
+                return await self._start(_text(_field(items[0], "content")))
             key = _split_call_id(str(asked[0]))[0]
+            _busy(self._executor).paused.pop(key, None)
             try:
                 execution = self._executor.attach(key)
                 # A call output whose request is still open was rejected (an approved one ran its
@@ -433,6 +462,29 @@ class _KernelDriver(Model):
                             execution.answer(request_id, False, _text(_field(item, "output")) or None)
             except ExecutionLost as exc:
                 return self._finish(key, ActionOutcome.lost(exc))
+            return await self._advance(key, execution)
+
+    async def _start(self, code: str) -> ModelResponse:
+        """A new nested run: the one place a code action starts."""
+        key = f"{_KEY_PREFIX}{secrets.token_hex(12)}"
+        busy = _busy(self._executor)
+        for other, execution in list(busy.paused.items()):
+            if execution.done:
+                del busy.paused[other]
+            else:
+                return self._finish(
+                    key,
+                    ActionOutcome(
+                        text="not run: another code action is paused in this kernel, waiting for an MCP call to be "
+                        "approved, and the kernel runs one action at a time; run this code again once it is answered",
+                        error=UsageError("the kernel is paused in another code action"),
+                    ),
+                )
+        execution = start_or_attach(self._executor, key, code, approval="ask", ttl=self._ttl, timeout=self._timeout)
+        return await self._advance(key, execution)
+
+    async def _advance(self, key: str, execution: Execution) -> ModelResponse:
+        """Run the execution on to its next approval request (a call of its gate tool) or its end."""
         sink = _output_sink(self._on_output, _tool_context.get())
         while True:
             try:
@@ -440,6 +492,7 @@ class _KernelDriver(Model):
             except _Ask as ask:
                 call_name = _call_name(ask.payload.server, ask.payload.tool)
                 if call_name in self._calls:
+                    _busy(self._executor).paused[key] = execution
                     return self._call(key, call_name, ask.payload)
                 execution.answer(
                     ask.request.id,

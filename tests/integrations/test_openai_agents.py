@@ -319,3 +319,47 @@ async def test_the_example_agent_runs_offline_with_approvals_answered_at_the_ter
     assert out.count("The code wants to call weather__send_report") == 1
     assert "| lisbon:" in out and "| report not sent: not today" in out
     assert out.rstrip().endswith("the report was not sent.")
+
+
+async def test_a_streamed_run_surfaces_the_same_interruptions_and_resumes_streamed(
+    executor: CodeExecutor, side_effect: Path
+) -> None:
+    agent = Agent(name="coder", tools=[ipybox_tool(executor)], model=scripted(TWO_CALLS))
+    names: list[str | None] = []
+    with anyio.fail_after(60):
+        streamed = Runner.run_streamed(agent, "go")
+        while True:
+            async for _ in streamed.stream_events():
+                pass
+            if not streamed.interruptions:
+                break
+            state = streamed.to_state()
+            for item in state.get_interruptions():
+                names.append(item.tool_name)
+                approve_greet_reject_add(item, state)
+            streamed = Runner.run_streamed(agent, state)
+    assert names == ["test__greet", "test__add"]
+    assert streamed.final_output == "done"
+    outputs = [item.output for item in streamed.new_items if isinstance(item, ToolCallOutputItem)]
+    assert outputs == ["Hello, a!\nrejected: not now\n"]
+    assert side_effect.read_text() == "ran\n"
+
+
+async def test_a_code_action_started_while_another_is_paused_is_refused_at_once_instead_of_waiting(
+    executor: CodeExecutor,
+) -> None:
+    # The kernel runs one action at a time: the second of two parallel calls would otherwise wait
+    # behind the first, paused one, and the run would never end to ask for its approval.
+    def action(name: str) -> str:
+        return f"from mcptools.test import greet\nprint(greet.run({{'name': '{name}'}}))"
+
+    calls = [function_call("execute_code", {"code": action(n)}, call_id=f"call_{n}") for n in ("a", "b")]
+    agent = Agent(name="coder", tools=[ipybox_tool(executor)], model=ScriptedModel([calls, [assistant_message("ok")]]))
+    with anyio.fail_after(60):
+        result = await Runner.run(agent, "go")
+        [item] = result.interruptions
+        result, _ = await answer_all(agent, result, lambda item, state: state.approve(item))
+    outputs = sorted(tool_outputs(result))
+    greeted = arguments(item)["name"]
+    assert outputs[0] == f"Hello, {greeted}!\n"
+    assert outputs[1].startswith("not run: another code action is paused in this kernel")
