@@ -50,11 +50,12 @@ from agents import (
     Usage,
     function_tool,
 )
+from agents.agent_tool_state import get_agent_tool_state_scope, peek_agent_tool_run_result
 from agents.items import TResponseInputItem, TResponseStreamEvent
 from agents.models.interface import Model
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from ipybox import (
     ApprovalDecision,
@@ -113,6 +114,10 @@ _VISIBLE_IMAGES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 _NAME_LIMIT = 64
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
+# Outer tool calls whose code action was handed over to a nested run (bounded, oldest dropped).
+_handed_over: OrderedDict[str, None] = OrderedDict()
+# The key of the execution a new nested run takes over instead of starting one.
+_handoff: contextvars.ContextVar[str | None] = contextvars.ContextVar("ipybox_openai_agents_handoff", default=None)
 _tool_context: contextvars.ContextVar[ToolContext[Any] | None] = contextvars.ContextVar(
     "ipybox_openai_agents_tool_context", default=None
 )
@@ -296,12 +301,45 @@ def _interrupting_tool(
         # The nested model gets no run context; the application's output handler needs it.
         token = _tool_context.set(ctx)
         try:
-            return await invoke(ctx, arguments)
+            code = _fresh_code(ctx, arguments)
+            if code is None:
+                return await invoke(ctx, arguments)
+            # A new call: run the code straight away, and pay for a nested agent run (about 3 ms of
+            # the SDK's CPU) only when it asks for an approval.
+            key, step = await driver.begin(code)
+            if isinstance(step, ActionOutcome):
+                return _tool_output(step)
+            _handed_over[ctx.tool_call_id] = None
+            while len(_handed_over) > _OUTCOMES:
+                _handed_over.popitem(last=False)
+            handoff = _handoff.set(key)
+            try:
+                return await invoke(ctx, arguments)
+            finally:
+                _handoff.reset(handoff)
         finally:
             _tool_context.reset(token)
 
     tool.on_invoke_tool = invoke_with_context
     return tool
+
+
+def _fresh_code(ctx: ToolContext[Any], arguments: str) -> str | None:
+    """The code of a tool call seen for the first time, or None for a resumed one (or arguments the
+    SDK's own path should report on).
+
+    A resumed call has a nested run the SDK keeps for it (in memory, or restored from a `RunState`);
+    this asks the SDK's agent-tool state for it, and also remembers the calls this process handed over
+    to a nested run, so that both must fail before a resumed call could start its code again.
+    """
+    if ctx.tool_call is None or ctx.tool_call_id in _handed_over:
+        return None
+    if peek_agent_tool_run_result(ctx.tool_call, scope_id=get_agent_tool_state_scope(ctx)) is not None:
+        return None
+    try:
+        return _CodeArgs.model_validate_json(arguments).code
+    except ValidationError:
+        return None
 
 
 def _call_name(server: str, tool: str) -> str:
@@ -448,60 +486,68 @@ class _KernelDriver(Model):
         # (and waits behind a paused one in the kernel, a deadlock) without knowing why it cannot run.
         async with _busy(self._executor).lock:
             if not asked:
-                return await self._start(_text(_field(items[0], "content")))
-            key = _split_call_id(str(asked[0]))[0]
-            _busy(self._executor).paused.pop(key, None)
-            try:
-                execution = self._executor.attach(key)
-                # A call output whose request is still open was rejected (an approved one ran its
-                # gate, which answered it); the output is the application's rejection message.
-                for item in items:
-                    if _field(item, "type") == "function_call_output":
-                        request_id = _split_call_id(str(_field(item, "call_id")))[1]
-                        if execution.approval(request_id).decision is None:
-                            execution.answer(request_id, False, _text(_field(item, "output")) or None)
-            except ExecutionLost as exc:
-                return self._finish(key, ActionOutcome.lost(exc))
-            return await self._advance(key, execution)
+                handed_over = _handoff.get()
+                if handed_over is None:
+                    return self._respond(*await self._start(_text(_field(items[0], "content"))))
+                key, execution = handed_over, self._executor.attach(handed_over)
+            else:
+                key = _split_call_id(str(asked[0]))[0]
+                _busy(self._executor).paused.pop(key, None)
+                try:
+                    execution = self._executor.attach(key)
+                    # A call output whose request is still open was rejected (an approved one ran its
+                    # gate, which answered it); the output is the application's rejection message.
+                    for item in items:
+                        if _field(item, "type") == "function_call_output":
+                            request_id = _split_call_id(str(_field(item, "call_id")))[1]
+                            if execution.approval(request_id).decision is None:
+                                execution.answer(request_id, False, _text(_field(item, "output")) or None)
+                except ExecutionLost as exc:
+                    return self._respond(key, ActionOutcome.lost(exc))
+            return self._respond(key, await self._advance(key, execution))
 
-    async def _start(self, code: str) -> ModelResponse:
-        """A new nested run: the one place a code action starts."""
+    async def begin(self, code: str) -> tuple[str, ActionOutcome | ApprovalPayload]:
+        """Start a code action outside a nested run, and run it to its first approval or its end."""
+        async with _busy(self._executor).lock:
+            return await self._start(code)
+
+    async def _start(self, code: str) -> tuple[str, ActionOutcome | ApprovalPayload]:
+        """The one place a code action starts."""
         key = f"{_KEY_PREFIX}{secrets.token_hex(12)}"
         busy = _busy(self._executor)
         for other, execution in list(busy.paused.items()):
             if execution.done:
                 del busy.paused[other]
             else:
-                return self._finish(
-                    key,
-                    ActionOutcome(
-                        text="not run: another code action is paused in this kernel, waiting for an MCP call to be "
-                        "approved, and the kernel runs one action at a time; run this code again once it is answered",
-                        error=UsageError("the kernel is paused in another code action"),
-                    ),
+                return key, ActionOutcome(
+                    text="not run: another code action is paused in this kernel, waiting for an MCP call to be "
+                    "approved, and the kernel runs one action at a time; run this code again once it is answered",
+                    error=UsageError("the kernel is paused in another code action"),
                 )
         execution = start_or_attach(self._executor, key, code, approval="ask", ttl=self._ttl, timeout=self._timeout)
-        return await self._advance(key, execution)
+        return key, await self._advance(key, execution)
 
-    async def _advance(self, key: str, execution: Execution) -> ModelResponse:
-        """Run the execution on to its next approval request (a call of its gate tool) or its end."""
+    async def _advance(self, key: str, execution: Execution) -> ActionOutcome | ApprovalPayload:
+        """Run the execution on to its next approval request for the run, or its end."""
         sink = _output_sink(self._on_output, _tool_context.get())
         while True:
             try:
-                outcome = await drive(execution, _ask, on_output=sink)
+                return await drive(execution, _ask, on_output=sink)
             except _Ask as ask:
-                call_name = _call_name(ask.payload.server, ask.payload.tool)
-                if call_name in self._calls:
+                if _call_name(ask.payload.server, ask.payload.tool) in self._calls:
                     _busy(self._executor).paused[key] = execution
-                    return self._call(key, call_name, ask.payload)
+                    return ask.payload
                 execution.answer(
                     ask.request.id,
                     False,
                     f"{ask.payload.name} has no generated module this tool was built with; generate the "
                     "server's sources and create the tool again",
                 )
-                continue
-            return self._finish(key, outcome)
+
+    def _respond(self, key: str, step: ActionOutcome | ApprovalPayload) -> ModelResponse:
+        if isinstance(step, ApprovalPayload):
+            return self._call(key, _call_name(step.server, step.tool), step)
+        return self._finish(key, step)
 
     def _call(self, key: str, call_name: str, payload: ApprovalPayload) -> ModelResponse:
         call_id = f"{key}{_SEP}{payload.request_id}"

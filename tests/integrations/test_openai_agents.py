@@ -287,7 +287,9 @@ async def test_progress_reaches_the_app_as_it_is_printed_each_chunk_once_across_
     app = App(allowed=set())
     with anyio.fail_after(60):
         result = await Runner.run(agent, "go", context=app)
-        assert app.progress == [("call_p", "step 1\n")]
+        # Shown before the run pauses, unless the kernel's stdout reached the host after the approval
+        # request (two channels, no order between them); then it is shown on the resume.
+        assert app.progress in ([], [("call_p", "step 1\n")])
         result, _ = await answer_all(agent, result, lambda item, state: state.approve(item))
     assert app.progress == [("call_p", "step 1\n"), ("call_p", "step 2\n"), ("call_p", "step 3\n")]
 
