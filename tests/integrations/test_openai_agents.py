@@ -31,8 +31,9 @@ from agents import (
 )
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
+from servers.fixtures import stdio_server
 
-from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutionChunk, CodeExecutor
+from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutionChunk, CodeExecutor, generate_mcp_sources
 from ipybox.integrations.openai_agents import ipybox_tool
 
 pytestmark = pytest.mark.anyio
@@ -365,3 +366,20 @@ async def test_a_code_action_started_while_another_is_paused_is_refused_at_once_
     greeted = arguments(item)["name"]
     assert outputs[0] == f"Hello, {greeted}!\n"
     assert outputs[1].startswith("not run: another code action is paused in this kernel")
+
+
+async def test_a_call_to_a_tool_without_a_generated_module_is_rejected_not_run(workspace: Path) -> None:
+    # The nested agent has one approval tool per generated module; a call it has none for (kernel
+    # code may call any tool of a registered server) cannot become an interruption, so it is
+    # refused rather than run unasked.
+    tools_dir = workspace / "mcptools"
+    await generate_mcp_sources("test", stdio_server(), tools_dir)
+    (tools_dir / "test" / "greet.py").unlink()
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as executor:
+        code = "import ipybox_kernel\nipybox_kernel.call_tool('test', 'greet', {'name': 'raw'})"
+        agent = Agent(name="coder", tools=[ipybox_tool(executor)], model=scripted(code))
+        with anyio.fail_after(60):
+            result = await Runner.run(agent, "go")
+    assert result.interruptions == []
+    [output] = tool_outputs(result)
+    assert "ToolCallRejected" in output and "test.greet has no generated module this tool was built with" in output
