@@ -11,9 +11,11 @@ approvals of a nested agent run as the outer run's interruptions, and resumes th
 outer `RunState` (`Agent.as_tool`). So the code action is a nested agent whose "model" drives the
 kernel: the first model call starts the execution, each approval request becomes a call of a
 pass-through tool ``server__tool`` that needs approval, and the end of the code becomes the nested
-run's final message. The execution's key lives in those nested call ids, which the `RunState`
-keeps, so a resumed run re-attaches to the same paused execution and a resume whose execution is
-gone reports "execution lost" and runs nothing. `tests/integrations/test_openai_agents.py` pins the
+run's final message. (A new call runs its code directly and hands over to the nested run only when
+the code asks for its first approval: code without MCP calls costs no nested run.) The execution's
+key lives in those nested call ids, which the `RunState` keeps, so a resumed run re-attaches to the
+same paused execution and a resume whose execution is gone reports "execution lost" and runs
+nothing. `tests/integrations/test_openai_agents.py` pins the
 SDK behaviour this relies on.
 """
 
@@ -108,6 +110,8 @@ _MAX_MCP_CALLS = 10_000
 # Outcomes waiting for the SDK to ask for the nested run's output (normally at once); bounded so
 # that runs abandoned in between cannot grow the host's memory.
 _OUTCOMES = 1_000
+# Outer tool call ids remembered as handed over to a nested run: only ids, oldest dropped first.
+_HANDED_OVER = 10_000
 # Images a vision model reads; others (SVG) stay a path in the text.
 _VISIBLE_IMAGES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 # OpenAI tool names: letters, digits, '_' and '-', at most 64.
@@ -275,7 +279,7 @@ def _interrupting_tool(
     kernel = Agent[Any](
         name="ipybox kernel",
         tools=[
-            _approval_gate(executor, call, f"MCP tool {name}: {summary}") for call, (name, summary) in calls.items()
+            _approval_gate(executor, call, f"MCP tool {label}: {summary}") for call, (label, summary) in calls.items()
         ],
         model=driver,
     )
@@ -310,7 +314,7 @@ def _interrupting_tool(
             if isinstance(step, ActionOutcome):
                 return _tool_output(step)
             _handed_over[ctx.tool_call_id] = None
-            while len(_handed_over) > _OUTCOMES:
+            while len(_handed_over) > _HANDED_OVER:
                 _handed_over.popitem(last=False)
             handoff = _handoff.set(key)
             try:
