@@ -14,6 +14,7 @@ HEAVY = frozenset(
     {"mcp", "mcp_types", "datamodel_code_generator", "jupyter_client", "zmq", "tornado", "traitlets", "pydantic"}
     | {"anyio", "httpx2", "starlette", "uvicorn", "cryptography", "packaging", "importlib_metadata"}
     | {"pydantic_ai", "pydantic_graph"}
+    | {"agents", "openai"}
 )
 
 

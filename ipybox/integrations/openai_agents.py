@@ -1,0 +1,596 @@
+"""ipybox as an OpenAI Agents SDK tool: one code action, its MCP calls approved on the run.
+
+``ipybox_tool(executor)`` returns a `FunctionTool` for an `Agent`. By default each MCP call the code
+makes surfaces as an entry of ``result.interruptions``, named ``server__tool`` with the call's
+arguments, and is answered the way SDK users know: ``state.approve(item)`` (``always_approve=True``
+too), ``state.reject(item, rejection_message=...)``, then ``Runner.run(agent, state)``. The code waits,
+paused, in the kernel meanwhile; the `RunState` can be serialised and restored.
+
+How: the SDK has no way for a running function tool to ask for approval, but it does surface the
+approvals of a nested agent run as the outer run's interruptions, and resumes the nested run from the
+outer `RunState` (`Agent.as_tool`). So the code action is a nested agent whose "model" drives the
+kernel: the first model call starts the execution, each approval request becomes a call of a
+pass-through tool ``server__tool`` that needs approval, and the end of the code becomes the nested
+run's final message. (A new call runs its code directly and hands over to the nested run only when
+the code asks for its first approval: code without MCP calls costs no nested run.) The execution's
+key lives in those nested call ids, which the `RunState` keeps, so a resumed run re-attaches to the
+same paused execution and a resume whose execution is gone reports "execution lost" and runs
+nothing. `tests/integrations/test_openai_agents.py` pins the
+SDK behaviour this relies on.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import contextvars
+import inspect
+import json
+import re
+import secrets
+import weakref
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeAlias, cast
+
+import anyio
+from agents import (
+    Agent,
+    FunctionTool,
+    MessageOutputItem,
+    ModelResponse,
+    ModelSettings,
+    ModelTracing,
+    RunConfig,
+    RunContextWrapper,
+    RunResult,
+    RunResultStreaming,
+    ToolOutputImage,
+    ToolOutputText,
+    Usage,
+    function_tool,
+)
+from agents.agent_tool_state import get_agent_tool_state_scope, peek_agent_tool_run_result
+from agents.items import TResponseInputItem, TResponseStreamEvent
+from agents.models.interface import Model
+from agents.tool_context import ToolContext
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+from pydantic import BaseModel, ValidationError
+
+from ipybox import (
+    ApprovalDecision,
+    ApprovalRequest,
+    CodeExecutionChunk,
+    CodeExecutor,
+    Execution,
+    ExecutionLost,
+    UsageError,
+)
+
+from ._core import (
+    DEFAULT_TTL,
+    TOOL_NAME,
+    ActionOutcome,
+    ApprovalPayload,
+    Decision,
+    drive,
+    start_or_attach,
+    tool_instructions,
+)
+
+__all__ = (
+    "ApprovalHandler",
+    "NeedsApproval",
+    "OutputHandler",
+    "ipybox_tool",
+    "tool_instructions",
+)
+
+ApprovalHandler: TypeAlias = Callable[
+    [RunContextWrapper[Any], ApprovalRequest],
+    "bool | Decision | ApprovalDecision | Awaitable[bool | Decision | ApprovalDecision]",
+]
+"""Decides one MCP call while the tool waits: ``(run context, request) -> approved?``. The run context
+is the tool's (``ctx.context`` is the application's context object, ``ctx.tool_call_id`` the call)."""
+
+OutputHandler: TypeAlias = Callable[[ToolContext[Any], CodeExecutionChunk], "Awaitable[None] | None"]
+"""Receives the code's output while it runs, each chunk once, with the tool's context."""
+
+NeedsApproval: TypeAlias = bool | Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]
+"""The SDK's own ``needs_approval``: the code action as a whole waits for approval before it runs;
+a callable gets ``(run context, {"code": ...}, call id)``."""
+
+_KEY_PREFIX = "openai-agents:"
+# Separates the execution key from the request id in a nested call id ("<key>|<request id>").
+_SEP = "|"
+# Each MCP call is one turn of the nested run; the SDK's default of 10 turns would end long actions.
+_MAX_MCP_CALLS = 10_000
+# Outcomes waiting for the SDK to ask for the nested run's output (normally at once); bounded so
+# that runs abandoned in between cannot grow the host's memory.
+_OUTCOMES = 1_000
+# Outer tool call ids remembered as handed over to a nested run: only ids, oldest dropped first.
+_HANDED_OVER = 10_000
+# Images a vision model reads; others (SVG) stay a path in the text.
+_VISIBLE_IMAGES = ("image/png", "image/jpeg", "image/gif", "image/webp")
+# OpenAI tool names: letters, digits, '_' and '-', at most 64.
+_NAME_LIMIT = 64
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+# Outer tool calls whose code action was handed over to a nested run (bounded, oldest dropped).
+_handed_over: OrderedDict[str, None] = OrderedDict()
+# The key of the execution a new nested run takes over instead of starting one.
+_handoff: contextvars.ContextVar[str | None] = contextvars.ContextVar("ipybox_openai_agents_handoff", default=None)
+_tool_context: contextvars.ContextVar[ToolContext[Any] | None] = contextvars.ContextVar(
+    "ipybox_openai_agents_tool_context", default=None
+)
+
+
+def ipybox_tool(
+    executor: CodeExecutor,
+    *,
+    approval: Literal["interrupt"] | ApprovalHandler | None = "interrupt",
+    needs_approval: NeedsApproval = False,
+    on_output: OutputHandler | None = None,
+    name: str = TOOL_NAME,
+    description: str | None = None,
+    ttl: float | None = DEFAULT_TTL,
+    timeout: float | None = None,
+) -> FunctionTool:
+    """A function tool that runs the model's Python code in the executor's kernel.
+
+    Args:
+        executor: A started `CodeExecutor`; its generated MCP tools are what the code may call.
+        approval: How the MCP calls of the running code are approved:
+            ``"interrupt"`` (default): each call is an entry of ``result.interruptions`` named
+            ``server__tool``, answered on the `RunState`; the execution waits (at most ``ttl``
+            seconds) while the run is interrupted;
+            a callable (`ApprovalHandler`): called for each call while the tool waits, with no
+            interruption;
+            None: the executor's own policy (``ApprovalRules``, a callback, ``"auto"``); calls it
+            leaves to be asked are rejected.
+        needs_approval: Review the code before it runs: the SDK's ``needs_approval`` on this tool.
+        on_output: Gets the code's output as it is printed, with the tool's context (the SDK has no
+            custom tool events; put a queue or a websocket on your run context).
+        name: The tool's name.
+        description: The tool's description; default: `tool_instructions` with the typed stubs of
+            the executor's generated tools.
+        ttl: Seconds a code action may wait for an approval before it is cancelled.
+        timeout: Seconds the code may run (time waiting for approvals not counted); None: the
+            executor's default.
+
+    Returns:
+        The tool. Its output is the code's text output (a clean traceback when it raised), plus the
+        PNG, JPEG, GIF or WebP images it displayed as `ToolOutputImage` parts the model can see.
+    """
+    if description is None:
+        description = tool_instructions(executor.tools_dir)
+    if approval == "interrupt":
+        return _interrupting_tool(
+            executor,
+            name=name,
+            description=description,
+            needs_approval=needs_approval,
+            on_output=on_output,
+            ttl=ttl,
+            timeout=timeout,
+        )
+    if approval is not None and not callable(approval):
+        raise UsageError(f"approval must be 'interrupt', a callable or None, got {approval!r}")
+    return _waiting_tool(
+        executor,
+        approval,
+        name=name,
+        description=description,
+        needs_approval=needs_approval,
+        on_output=on_output,
+        timeout=timeout,
+    )
+
+
+def _waiting_tool(
+    executor: CodeExecutor,
+    handler: ApprovalHandler | None,
+    *,
+    name: str,
+    description: str,
+    needs_approval: NeedsApproval,
+    on_output: OutputHandler | None,
+    timeout: float | None,
+) -> FunctionTool:
+    """The tool without interruptions: the handler (or the executor's policy) decides while it waits."""
+
+    async def execute_code(ctx: ToolContext[Any], code: str) -> str | list[ToolOutputText | ToolOutputImage]:
+        """Run Python code in the sandboxed kernel.
+
+        Args:
+            code: The Python code to run.
+        """
+
+        async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+            if handler is None:
+                return Decision.reject(
+                    f"nobody can approve {payload.name} here: the application set no approval for this tool"
+                )
+            answer = handler(ctx, request)
+            if inspect.isawaitable(answer):
+                answer = await answer
+            if isinstance(answer, ApprovalDecision):
+                return Decision(approved=answer.approved, message=answer.reason)
+            return Decision.parse(answer)
+
+        # No key: nothing comes back to this execution, so a cancelled tool call cancels it.
+        execution = executor.execute(code, approval="ask" if handler is not None else None, timeout=timeout)
+        outcome = await drive(execution, decide, on_output=_output_sink(on_output, ctx))
+        return _tool_output(outcome)
+
+    return function_tool(
+        execute_code,
+        name_override=name,
+        description_override=description,
+        needs_approval=needs_approval,
+    )
+
+
+def _output_sink(
+    on_output: OutputHandler | None, ctx: ToolContext[Any] | None
+) -> Callable[[CodeExecutionChunk], Awaitable[None]] | None:
+    if on_output is None or ctx is None:
+        return None
+
+    async def sink(chunk: CodeExecutionChunk) -> None:
+        shown = on_output(ctx, chunk)
+        if shown is not None:
+            await shown
+
+    return sink
+
+
+def _tool_output(outcome: ActionOutcome) -> str | list[ToolOutputText | ToolOutputImage]:
+    images = [image for image in outcome.images if image.mime in _VISIBLE_IMAGES]
+    if not images:
+        return outcome.text
+    parts: list[ToolOutputText | ToolOutputImage] = [ToolOutputText(text=outcome.text)]
+    for image in images:
+        url = f"data:{image.mime};base64,{base64.b64encode(image.data).decode('ascii')}"
+        parts.append(ToolOutputImage(image_url=url))
+    return parts
+
+
+class _CodeArgs(BaseModel):
+    code: str
+    """The Python code to run."""
+
+
+def _interrupting_tool(
+    executor: CodeExecutor,
+    *,
+    name: str,
+    description: str,
+    needs_approval: NeedsApproval,
+    on_output: OutputHandler | None,
+    ttl: float | None,
+    timeout: float | None,
+) -> FunctionTool:
+    """The nested kernel-driver agent as a tool: MCP approvals become the outer run's interruptions."""
+    calls = _call_names(executor.tools_dir)
+    driver = _KernelDriver(executor, calls, on_output=on_output, ttl=ttl, timeout=timeout)
+    kernel = Agent[Any](
+        name="ipybox kernel",
+        tools=[
+            _approval_gate(executor, call, f"MCP tool {label}: {summary}") for call, (label, summary) in calls.items()
+        ],
+        model=driver,
+    )
+
+    async def output(result: RunResult | RunResultStreaming) -> str:
+        # The SDK passes this value on as the tool's output; text and images are what it accepts.
+        return cast("str", driver.output(result))
+
+    tool = kernel.as_tool(
+        tool_name=name,
+        tool_description=description,
+        custom_output_extractor=output,
+        # The outer run's config may name a model for every agent; the kernel driver must stay.
+        run_config=RunConfig(model=driver, workflow_name="ipybox code action"),
+        max_turns=_MAX_MCP_CALLS,
+        needs_approval=needs_approval,
+        parameters=_CodeArgs,
+        input_builder=lambda data: str(data.get("params", {})["code"]),
+    )
+    invoke = tool.on_invoke_tool
+
+    async def invoke_with_context(ctx: ToolContext[Any], arguments: str) -> Any:
+        # The nested model gets no run context; the application's output handler needs it.
+        token = _tool_context.set(ctx)
+        try:
+            code = _fresh_code(ctx, arguments)
+            if code is None:
+                return await invoke(ctx, arguments)
+            # A new call: run the code straight away, and pay for a nested agent run (about 3 ms of
+            # the SDK's CPU) only when it asks for an approval.
+            key, step = await driver.begin(code)
+            if isinstance(step, ActionOutcome):
+                return _tool_output(step)
+            _handed_over[ctx.tool_call_id] = None
+            while len(_handed_over) > _HANDED_OVER:
+                _handed_over.popitem(last=False)
+            handoff = _handoff.set(key)
+            try:
+                return await invoke(ctx, arguments)
+            finally:
+                _handoff.reset(handoff)
+        finally:
+            _tool_context.reset(token)
+
+    tool.on_invoke_tool = invoke_with_context
+    return tool
+
+
+def _fresh_code(ctx: ToolContext[Any], arguments: str) -> str | None:
+    """The code of a tool call seen for the first time, or None for a resumed one (or arguments the
+    SDK's own path should report on).
+
+    A resumed call has a nested run the SDK keeps for it (in memory, or restored from a `RunState`);
+    this asks the SDK's agent-tool state for it, and also remembers the calls this process handed over
+    to a nested run, so that both must fail before a resumed call could start its code again.
+    """
+    if ctx.tool_call is None or ctx.tool_call_id in _handed_over:
+        return None
+    if peek_agent_tool_run_result(ctx.tool_call, scope_id=get_agent_tool_state_scope(ctx)) is not None:
+        return None
+    try:
+        return _CodeArgs.model_validate_json(arguments).code
+    except ValidationError:
+        return None
+
+
+def _call_name(server: str, tool: str) -> str:
+    return _UNSAFE_NAME.sub("_", f"{server}__{tool}")[:_NAME_LIMIT]
+
+
+def _call_names(tools_dir: Path | None) -> dict[str, tuple[str, str]]:
+    """``server__tool`` → (name, description) for every generated tool module under ``tools_dir``.
+
+    Read with `ast` from the generated files (each calls ``ipybox_kernel.call_tool(server, tool, ...)``);
+    nothing is imported.
+    """
+    calls: dict[str, tuple[str, str]] = {}
+    if tools_dir is None or not tools_dir.is_dir():
+        return calls
+    for module in sorted(tools_dir.glob("*/*.py")):
+        if module.name == "__init__.py":
+            continue
+        try:
+            tree = ast.parse(module.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        for node in ast.walk(tree):
+            match node:
+                case ast.Call(
+                    func=ast.Attribute(attr="call_tool"),
+                    args=[ast.Constant(value=str(server)), ast.Constant(value=str(tool)), *_],
+                ):
+                    summary = (ast.get_docstring(tree) or "").split("\n", 1)[0]
+                    calls[_call_name(server, tool)] = (f"{server}.{tool}", summary)
+                    break
+                case _:
+                    pass
+    return calls
+
+
+def _approval_gate(executor: CodeExecutor, call_name: str, description: str) -> FunctionTool:
+    """A tool named after one MCP tool that needs approval; it runs only once the call was approved,
+    and lets the paused call run."""
+
+    async def approved(ctx: ToolContext[Any], arguments: str) -> str:
+        key, request_id = _split_call_id(ctx.tool_call_id)
+        try:
+            executor.attach(key).answer(request_id, True)
+        except ExecutionLost:
+            return "approved, but the code action is gone"
+        return "approved"
+
+    return FunctionTool(
+        name=call_name,
+        description=description,
+        params_json_schema={"type": "object", "additionalProperties": True},
+        on_invoke_tool=approved,
+        strict_json_schema=False,
+        needs_approval=True,
+    )
+
+
+def _split_call_id(call_id: str) -> tuple[str, str]:
+    key, _, request_id = call_id.rpartition(_SEP)
+    return key, request_id
+
+
+@dataclass
+class _Busy:
+    """The adapter's code actions of one executor: who drives the kernel now, who is paused."""
+
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    paused: dict[str, Execution] = field(default_factory=dict[str, Execution])
+
+
+_executors: weakref.WeakKeyDictionary[CodeExecutor, _Busy] = weakref.WeakKeyDictionary()
+
+
+def _busy(executor: CodeExecutor) -> _Busy:
+    busy = _executors.get(executor)
+    if busy is None:
+        busy = _executors[executor] = _Busy()
+    return busy
+
+
+class _Ask(Exception):
+    """Stops the walk of an execution at a request that needs the run's approval."""
+
+    def __init__(self, request: ApprovalRequest, payload: ApprovalPayload) -> None:
+        super().__init__(request.id)
+        self.request = request
+        self.payload = payload
+
+
+async def _ask(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+    raise _Ask(request, payload)
+
+
+def _field(item: object, name: str) -> Any:
+    if isinstance(item, Mapping):
+        return cast("Mapping[str, Any]", item).get(name)
+    return getattr(item, name, None)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts: list[Any] = list(content or [])
+    return "".join(str(_field(part, "text") or "") for part in parts)
+
+
+class _KernelDriver(Model):
+    """The nested agent's model: it runs the code and answers with the kernel's next step."""
+
+    def __init__(
+        self,
+        executor: CodeExecutor,
+        calls: Mapping[str, tuple[str, str]],
+        *,
+        on_output: OutputHandler | None,
+        ttl: float | None,
+        timeout: float | None,
+    ) -> None:
+        self._executor = executor
+        self._calls = calls
+        self._on_output = on_output
+        self._ttl = ttl
+        self._timeout = timeout
+        self._outcomes: OrderedDict[str, ActionOutcome] = OrderedDict()
+
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Any],
+        output_schema: Any,
+        handoffs: list[Any],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> ModelResponse:
+        items: list[Any] = [{"role": "user", "content": input}] if isinstance(input, str) else list(input)
+        asked = [_field(item, "call_id") for item in items if _field(item, "type") == "function_call"]
+        # One code action at a time per kernel: drive them in turn, so that a second one never starts
+        # (and waits behind a paused one in the kernel, a deadlock) without knowing why it cannot run.
+        async with _busy(self._executor).lock:
+            if not asked:
+                handed_over = _handoff.get()
+                if handed_over is None:
+                    return self._respond(*await self._start(_text(_field(items[0], "content"))))
+                key, execution = handed_over, self._executor.attach(handed_over)
+            else:
+                key = _split_call_id(str(asked[0]))[0]
+                _busy(self._executor).paused.pop(key, None)
+                try:
+                    execution = self._executor.attach(key)
+                    # A call output whose request is still open was rejected (an approved one ran its
+                    # gate, which answered it); the output is the application's rejection message.
+                    for item in items:
+                        if _field(item, "type") == "function_call_output":
+                            request_id = _split_call_id(str(_field(item, "call_id")))[1]
+                            if execution.approval(request_id).decision is None:
+                                execution.answer(request_id, False, _text(_field(item, "output")) or None)
+                except ExecutionLost as exc:
+                    return self._respond(key, ActionOutcome.lost(exc))
+            return self._respond(key, await self._advance(key, execution))
+
+    async def begin(self, code: str) -> tuple[str, ActionOutcome | ApprovalPayload]:
+        """Start a code action outside a nested run, and run it to its first approval or its end."""
+        async with _busy(self._executor).lock:
+            return await self._start(code)
+
+    async def _start(self, code: str) -> tuple[str, ActionOutcome | ApprovalPayload]:
+        """The one place a code action starts."""
+        key = f"{_KEY_PREFIX}{secrets.token_hex(12)}"
+        busy = _busy(self._executor)
+        for other, execution in list(busy.paused.items()):
+            if execution.done:
+                del busy.paused[other]
+            else:
+                return key, ActionOutcome(
+                    text="not run: another code action is paused in this kernel, waiting for an MCP call to be "
+                    "approved, and the kernel runs one action at a time; run this code again once it is answered",
+                    error=UsageError("the kernel is paused in another code action"),
+                )
+        execution = start_or_attach(self._executor, key, code, approval="ask", ttl=self._ttl, timeout=self._timeout)
+        return key, await self._advance(key, execution)
+
+    async def _advance(self, key: str, execution: Execution) -> ActionOutcome | ApprovalPayload:
+        """Run the execution on to its next approval request for the run, or its end."""
+        sink = _output_sink(self._on_output, _tool_context.get())
+        while True:
+            try:
+                return await drive(execution, _ask, on_output=sink)
+            except _Ask as ask:
+                if _call_name(ask.payload.server, ask.payload.tool) in self._calls:
+                    _busy(self._executor).paused[key] = execution
+                    return ask.payload
+                execution.answer(
+                    ask.request.id,
+                    False,
+                    f"{ask.payload.name} has no generated module this tool was built with; generate the "
+                    "server's sources and create the tool again",
+                )
+
+    def _respond(self, key: str, step: ActionOutcome | ApprovalPayload) -> ModelResponse:
+        if isinstance(step, ApprovalPayload):
+            return self._call(key, _call_name(step.server, step.tool), step)
+        return self._finish(key, step)
+
+    def _call(self, key: str, call_name: str, payload: ApprovalPayload) -> ModelResponse:
+        call_id = f"{key}{_SEP}{payload.request_id}"
+        arguments = json.dumps(payload.to_json()["args"], ensure_ascii=False)
+        call = ResponseFunctionToolCall(
+            id=call_id, call_id=call_id, type="function_call", name=call_name, arguments=arguments
+        )
+        return ModelResponse(output=[call], usage=Usage(), response_id=None)
+
+    def _finish(self, key: str, outcome: ActionOutcome) -> ModelResponse:
+        self._outcomes[key] = outcome
+        while len(self._outcomes) > _OUTCOMES:
+            self._outcomes.popitem(last=False)
+        text = ResponseOutputText(type="output_text", text=outcome.text, annotations=[], logprobs=[])
+        message = ResponseOutputMessage(id=key, type="message", role="assistant", status="completed", content=[text])
+        return ModelResponse(output=[message], usage=Usage(), response_id=None)
+
+    def output(self, result: RunResult | RunResultStreaming) -> str | list[ToolOutputText | ToolOutputImage]:
+        """The tool output of a finished nested run: the outcome its last message stands for."""
+        for item in reversed(result.new_items):
+            if isinstance(item, MessageOutputItem):
+                outcome = self._outcomes.pop(str(item.raw_item.id), None)
+                if outcome is not None:
+                    return _tool_output(outcome)
+        return str(result.final_output)
+
+    def stream_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        model_settings: ModelSettings,
+        tools: list[Any],
+        output_schema: Any,
+        handoffs: list[Any],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> AsyncIterator[TResponseStreamEvent]:
+        # `as_tool` streams the nested run only with `on_stream`, which this tool never sets.
+        raise UsageError("the ipybox kernel driver is not streamed; use ipybox_tool's on_output for progress")
