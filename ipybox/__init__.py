@@ -38,6 +38,13 @@ if TYPE_CHECKING:
     from ._results import Image as Image
     from ._results import Output as Output
     from ._stubs import render_tool_stubs as render_tool_stubs
+    from ._toolsearch import CatalogueMode as CatalogueMode
+    from ._toolsearch import ToolMatch as ToolMatch
+    from ._toolsearch import catalogue_mode as catalogue_mode
+    from ._toolsearch import render_match_stubs as render_match_stubs
+    from ._toolsearch import render_tool_catalogue as render_tool_catalogue
+    from ._toolsearch import render_tool_summary as render_tool_summary
+    from ._toolsearch import search_tools as search_tools
 
     __version__: str
 
@@ -51,6 +58,7 @@ _LAZY = {
     "ApprovalDecision": "._approval",
     "ApprovalRequest": "._approval",
     "ApprovalRules": "._approval",
+    "CatalogueMode": "._toolsearch",
     "CodeExecutionChunk": "._results",
     "CodeExecutionError": "._exceptions",
     "CodeExecutionResult": "._results",
@@ -72,12 +80,18 @@ _LAZY = {
     "Output": "._results",
     "PackageInstallError": "._packages",
     "SandboxConfig": "._config",
-    "Timeouts": "._config",
     "SandboxUnavailable": "._exceptions",
     "StdioServer": "._mcp",
+    "Timeouts": "._config",
+    "ToolMatch": "._toolsearch",
     "UsageError": "._exceptions",
+    "catalogue_mode": "._toolsearch",
     "generate_mcp_sources": "._codegen",
+    "render_match_stubs": "._toolsearch",
+    "render_tool_catalogue": "._toolsearch",
     "render_tool_stubs": "._stubs",
+    "render_tool_summary": "._toolsearch",
+    "search_tools": "._toolsearch",
 }
 
 __all__ = (
@@ -86,6 +100,7 @@ __all__ = (
     "ApprovalDecision",
     "ApprovalRequest",
     "ApprovalRules",
+    "CatalogueMode",
     "CodeExecutionChunk",
     "CodeExecutionError",
     "CodeExecutionResult",
@@ -110,9 +125,15 @@ __all__ = (
     "SandboxUnavailable",
     "StdioServer",
     "Timeouts",
+    "ToolMatch",
     "UsageError",
+    "catalogue_mode",
     "generate_mcp_sources",
+    "render_match_stubs",
+    "render_tool_catalogue",
     "render_tool_stubs",
+    "render_tool_summary",
+    "search_tools",
 )
 
 

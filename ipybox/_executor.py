@@ -283,6 +283,9 @@ class CodeExecutor:
         if self.tools_dir is not None:
             paths.insert(0, str(self._home / _IMPORT_ROOT))
         env["PYTHONPATH"] = os.pathsep.join(paths)
+        if self.tools_dir is not None:
+            # Where ipybox_kernel.search_tools reads the generated packages (mounted read-only).
+            env["IPYBOX_TOOLS_DIR"] = str(self.tools_dir)
         env["IPYBOX_TOOL_SOCKET"] = str(self._home / "tools.sock")
         env["IPYBOX_TOOL_TOKEN"] = self._token
         if self.sandbox is not None:
