@@ -34,9 +34,9 @@ EXPRESSION_LIMIT = 200
 _CONSTRAINTS = ("gt", "ge", "lt", "le", "multiple_of", "min_length", "max_length", "pattern")
 
 
-def _load_server(package_dir: Path) -> Server | None:
+def _load_server(package_dir: Path, only: Sequence[str] | None) -> Server | None:
     try:
-        return load_server(package_dir)
+        return load_server(package_dir, only=only)
     except SyntaxError as exc:
         raise UsageError(f"{exc.filename!r} is not valid Python ({exc.msg}); generate its server again") from None
 
@@ -183,7 +183,7 @@ def render_tool_stubs(
     root = Path(root_dir)
     if not root.is_dir():
         raise UsageError(f"{str(root)!r} is not a directory; pass the root_dir given to generate_mcp_sources")
-    found = [s for d in server_packages(root) if (s := _load_server(d))]
+    found = [s for d in server_packages(root) if (s := _load_server(d, servers))]
     blocks: list[str] = []
     for server in _select(found, servers, tools):
         lines = [

@@ -28,10 +28,10 @@ __all__ = (
     "search_tools",
 )
 
-# Characters of stubs a prompt still gets in full: ~9k tokens at the 3.6 characters per token
-# bench/toolsearch.py measures for stubs (o200k). About the size of a large system prompt, and
-# under 5% of a 200k-token context; past it the stubs crowd out the task and the summary plus
-# search costs less (the summary of the benchmark's 324 tools is ~8% of their stubs' size).
+# Characters of stubs a prompt still gets in full: ~7.7k tokens at the 4.2 characters per token
+# bench/toolsearch.py measures for stubs (o200k_base), about 95 tools of typical size. That is a
+# large system prompt already and ~4% of a 200k-token context; past it the stubs crowd out the
+# task, while the summary stays small (5% of the stubs' size for the benchmark's 372 tools).
 STUBS_PROMPT_LIMIT = 32_000
 
 CatalogueMode = Literal["stubs", "summary"]

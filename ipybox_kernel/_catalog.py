@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,11 @@ def _tool_name(run: ast.FunctionDef) -> str | None:
     return None
 
 
-def load_server(package_dir: Path) -> Server | None:
+def load_server(package_dir: Path, *, only: Collection[str] | None = None) -> Server | None:
     """The generated package in `package_dir`, or None when it is not one.
+
+    With `only`, a server whose name and package name are both not in it is returned without
+    tools, and its modules are not read.
 
     Raises:
         SyntaxError: A module in it is not valid Python (its ``filename`` names it).
@@ -85,6 +89,8 @@ def load_server(package_dir: Path) -> Server | None:
     name = _server_name(init)
     if name is None:
         return None
+    if only is not None and name not in only and package_dir.name not in only:
+        return Server(name, package_dir.name, ())
     tools: list[Tool] = []
     for path in sorted(package_dir.glob("*.py")):
         if path.name == "__init__.py":

@@ -39,10 +39,13 @@ TOOLS_DIR_ENV = "IPYBOX_TOOLS_DIR"
 
 # One-line descriptions in matches: the length the host's stubs use for theirs.
 DESCRIPTION_LIMIT = 120
+# Where the first line of a description is looked for: generous, but not a whole huge docstring.
+_FIRST_LINE_CHARS = 4 * 1024
 
 # Words per field beyond which the rest is not indexed. Real MCP descriptions are a few sentences
-# (the longest of the benchmark catalogue's is ~90 words); the caps keep a tool from covering the
-# whole vocabulary, and the index's size bounded, whatever a server sends.
+# (the longest in the benchmark catalogue has 84 words, 53 terms; parameters at most 29 terms);
+# the caps keep a tool from covering the whole vocabulary, and the index's size bounded, whatever
+# a server sends.
 _NAME_TERMS = 16
 _DESCRIPTION_TERMS = 160
 _PARAM_TERMS = 160
@@ -59,6 +62,9 @@ _FIELDS: dict[str, tuple[float, float]] = {
 }
 # BM25's term-frequency saturation: the usual value.
 _K1 = 1.2
+
+# Characters read per word a field may keep: ample for real words and the spaces between them.
+_CHARS_PER_TERM = 40
 
 # Indexes kept per process (one per tools directory searched).
 _CACHED_INDEXES = 8
@@ -98,6 +104,9 @@ def _stem(word: str) -> str:
 
 def terms(text: str, limit: int | None = None) -> list[str]:
     """The index terms of `text`: words split at snake and camel case, lower-cased and stemmed."""
+    if limit is not None:
+        # Words beyond the limit are dropped anyway; a huge text is not worth splitting whole.
+        text = text[: limit * _CHARS_PER_TERM]
     found: list[str] = []
     for word in _WORD.findall(_CAMEL.sub(" ", text)):
         word = word.lower()
@@ -175,7 +184,9 @@ class ToolIndex:
                 run = run_def(tool.tree)
                 doc = (ast.get_docstring(run, clean=True) if run is not None else None) or ""
                 module = f"{self.package}.{server.package}.{tool.module}"
-                self.entries.append(_Entry(server.name, tool.name, module, first_line(doc, limit=DESCRIPTION_LIMIT)))
+                self.entries.append(
+                    _Entry(server.name, tool.name, module, first_line(doc[:_FIRST_LINE_CHARS], limit=DESCRIPTION_LIMIT))
+                )
                 field_terms.append(_fields(server, tool.module, tool.name, doc, param_fields(tool.tree)))
         self._postings = self._weigh(field_terms)
 
