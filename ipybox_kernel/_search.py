@@ -239,8 +239,9 @@ def _signature(root: Path) -> tuple[tuple[str, int, int], ...]:
     found: list[tuple[str, int, int]] = []
     with os.scandir(root) as entries:
         for entry in entries:
-            if entry.is_dir(follow_symlinks=False) and entry.name.isidentifier():
-                info = entry.stat(follow_symlinks=False)
+            # The packages server_packages() reads, and so followed like there.
+            if entry.name.isidentifier() and entry.is_dir():
+                info = entry.stat()
                 found.append((entry.name, info.st_ino, info.st_mtime_ns))
     info = root.stat()
     return (("", info.st_ino, info.st_mtime_ns), *sorted(found))

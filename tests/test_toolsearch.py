@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from collections.abc import AsyncGenerator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 from codegen_support import SERVERS, shapes_params
+from test_public_api import HEAVY
 
 from ipybox import (
     CodeExecutor,
@@ -228,3 +230,13 @@ def test_tool_match_is_the_kernel_packages_type() -> None:
     from ipybox_kernel import ToolMatch as KernelToolMatch
 
     assert ToolMatch is KernelToolMatch
+
+
+def test_search_and_the_catalogue_load_none_of_the_heavy_dependencies() -> None:
+    # An application that only builds prompts pays for ast and re, not for the MCP SDK or pydantic.
+    probe = (
+        "import sys, ipybox; ipybox.search_tools, ipybox.render_tool_catalogue, ipybox.render_match_stubs; "
+        "print(*sorted(sys.modules))"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60)
+    assert {name.partition(".")[0] for name in run.stdout.split()} & HEAVY == set()
