@@ -37,6 +37,13 @@ if TYPE_CHECKING:
     from ._results import Image as Image
     from ._results import Output as Output
     from .codegen._codegen import generate_mcp_sources as generate_mcp_sources
+    from .codegen._search import CatalogueMode as CatalogueMode
+    from .codegen._search import ToolMatch as ToolMatch
+    from .codegen._search import catalogue_mode as catalogue_mode
+    from .codegen._search import render_match_stubs as render_match_stubs
+    from .codegen._search import render_tool_catalogue as render_tool_catalogue
+    from .codegen._search import render_tool_summary as render_tool_summary
+    from .codegen._search import search_tools as search_tools
     from .codegen._stubs import render_tool_stubs as render_tool_stubs
 
     __version__: str
@@ -51,6 +58,7 @@ _LAZY = {
     "ApprovalDecision": "._approval",
     "ApprovalRequest": "._approval",
     "ApprovalRules": "._approval",
+    "CatalogueMode": ".codegen._search",
     "CodeExecutionChunk": "._results",
     "CodeExecutionError": "._exceptions",
     "CodeExecutionResult": "._results",
@@ -72,12 +80,18 @@ _LAZY = {
     "Output": "._results",
     "PackageInstallError": "._packages",
     "SandboxConfig": "._config",
-    "Timeouts": "._config",
     "SandboxUnavailable": "._exceptions",
     "StdioServer": "._mcp",
+    "Timeouts": "._config",
+    "ToolMatch": ".codegen._search",
     "UsageError": "._exceptions",
+    "catalogue_mode": ".codegen._search",
     "generate_mcp_sources": ".codegen._codegen",
+    "render_match_stubs": ".codegen._search",
+    "render_tool_catalogue": ".codegen._search",
     "render_tool_stubs": ".codegen._stubs",
+    "render_tool_summary": ".codegen._search",
+    "search_tools": ".codegen._search",
 }
 
 __all__ = (
@@ -86,6 +100,7 @@ __all__ = (
     "ApprovalDecision",
     "ApprovalRequest",
     "ApprovalRules",
+    "CatalogueMode",
     "CodeExecutionChunk",
     "CodeExecutionError",
     "CodeExecutionResult",
@@ -110,9 +125,15 @@ __all__ = (
     "SandboxUnavailable",
     "StdioServer",
     "Timeouts",
+    "ToolMatch",
     "UsageError",
+    "catalogue_mode",
     "generate_mcp_sources",
+    "render_match_stubs",
+    "render_tool_catalogue",
     "render_tool_stubs",
+    "render_tool_summary",
+    "search_tools",
 )
 
 

@@ -49,6 +49,9 @@ def kernel_env(
     if tools is not None:
         paths.insert(0, str(home / IMPORT_ROOT))
     env["PYTHONPATH"] = os.pathsep.join(paths)
+    if tools is not None:
+        # Where ipybox_kernel.search_tools reads the generated packages (mounted read-only).
+        env["IPYBOX_TOOLS_DIR"] = str(tools)
     env["IPYBOX_TOOL_SOCKET"] = str(home / "tools.sock")
     env["IPYBOX_TOOL_TOKEN"] = token
     if sandboxed:

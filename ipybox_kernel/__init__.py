@@ -8,6 +8,13 @@ approve it and then calls the MCP server. Importing this package loads the stand
     output = call_tool("github", "search_issues", {"query": "is:open label:bug"})
     output.structured, output.text, output.content
 
+and to find the generated tool modules that fit a task (read from the tools directory, no call)::
+
+    from ipybox_kernel import search_tools
+
+    for match in search_tools("list open issues with a label", k=3):
+        print(match.module, match.description)
+
 Exceptions, all raised in the kernel::
 
     ToolCallError                 the call did not return a result (server_name, tool_name, message)
@@ -21,6 +28,8 @@ Exceptions, all raised in the kernel::
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from ._client import (
     MCPServerCrashed,
@@ -36,6 +45,10 @@ from ._client import (
     call_tool,
 )
 
+if TYPE_CHECKING:
+    from ._search import ToolMatch as ToolMatch
+    from ._search import search_tools as search_tools
+
 __all__ = (
     "MCPServerCrashed",
     "MCPServerStartError",
@@ -43,9 +56,25 @@ __all__ = (
     "ToolCallRejected",
     "ToolCallTimeout",
     "ToolExecutionError",
+    "ToolMatch",
     "ToolNotFound",
     "ToolOutput",
     "ToolServerUnavailable",
     "acall_tool",
     "call_tool",
+    "search_tools",
 )
+
+
+# Hidden from type checkers, which would otherwise take any attribute of the package for Any.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        # The search (ast, pathlib, its regexes: ~15 ms) loads on first use, not with every kernel.
+        if name in ("ToolMatch", "search_tools"):
+            from . import _search
+
+            value = getattr(_search, name)
+            globals()[name] = value
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

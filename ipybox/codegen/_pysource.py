@@ -8,17 +8,10 @@ exactly the intended string, the plain ``repr`` is used instead, which is always
 from __future__ import annotations
 
 import ast
-import re
+
+from ipybox_kernel._text import comment_text, first_line, normalize_text
 
 __all__ = ("comment_text", "docstring_literal", "first_line", "normalize_text")
-
-_LINE_BREAKS = re.compile(r"\r\n|\r")
-
-
-def normalize_text(text: str) -> str:
-    """Normalize line breaks to ``\\n``, drop trailing spaces on each line and blank edges."""
-    lines = [line.rstrip() for line in _LINE_BREAKS.sub("\n", text).split("\n")]
-    return "\n".join(lines).strip("\n")
 
 
 def _escape_char(char: str) -> str:
@@ -62,18 +55,3 @@ def docstring_literal(text: str, *, indent: str = "") -> str:
     except (SyntaxError, ValueError):
         ok = False
     return literal if ok else repr(text)
-
-
-def comment_text(text: str, *, limit: int = 200) -> str:
-    """`text` on one line, safe to put after ``#``: no line breaks or other unprintable characters."""
-    flat = "".join(c if c.isprintable() else " " for c in text)
-    flat = " ".join(flat.split())
-    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
-
-
-def first_line(text: str | None, *, limit: int = 200) -> str:
-    """The first non-blank line of `text`, on one line and safe as a comment, cut to `limit`."""
-    for line in normalize_text(text or "").split("\n"):
-        if line.strip():
-            return comment_text(line, limit=limit)
-    return ""
