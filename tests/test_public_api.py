@@ -13,6 +13,7 @@ import ipybox
 HEAVY = frozenset(
     {"mcp", "mcp_types", "datamodel_code_generator", "jupyter_client", "zmq", "tornado", "traitlets", "pydantic"}
     | {"anyio", "httpx2", "starlette", "uvicorn", "cryptography", "packaging", "importlib_metadata"}
+    | {"langchain", "langchain_core", "langgraph", "langsmith"}
 )
 
 

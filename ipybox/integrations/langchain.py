@@ -1,0 +1,338 @@
+"""LangChain / LangGraph: ipybox as the code-action tool of an agent, every MCP call it makes a
+LangGraph interrupt.
+
+```python
+from ipybox.integrations.langchain import IpyboxTool
+
+agent = create_agent(model, tools=[IpyboxTool(executor=executor)], checkpointer=InMemorySaver())
+```
+
+With a checkpointer, each MCP call the running code makes pauses the graph with `interrupt()`; the
+value looks like `HumanInTheLoopMiddleware`'s per-call request, and the answer is one of its
+decisions (``{"type": "approve"}``, ``{"type": "reject", "message": "..."}``), given by interrupt id.
+LangGraph resumes by running the tool again from the top; the tool then re-attaches to the execution
+that waited in the kernel meanwhile and replays its events, so the code runs once. Without a
+checkpointer nothing can pause, and the executor's own approval policy decides.
+
+Needs ``pip install "ipybox[langchain]"``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, NoReturn, NotRequired, cast
+
+import anyio
+from langchain_core.messages import ToolMessage
+from langchain_core.messages.content import create_image_block, create_text_block
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tools import BaseTool, InjectedToolCallId
+from langgraph.config import get_stream_writer
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.errors import GraphInterrupt
+from langgraph.runtime import get_runtime
+from langgraph.types import interrupt
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, with_config
+
+# pydantic validates only typing_extensions' TypedDict on Python < 3.12.
+from typing_extensions import TypedDict
+
+from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutor, Execution, ExecutionLost, IpyboxError, UsageError
+
+from ._core import (
+    DEFAULT_TTL,
+    TOOL_NAME,
+    ActionOutcome,
+    ApprovalPayload,
+    Decide,
+    Decision,
+    drive,
+    start_or_attach,
+    tool_instructions,
+)
+
+__all__ = ("ApproveDecision", "IpyboxTool", "McpApprovalRequest", "OutputEvent", "RejectDecision")
+
+# Image types the chat models that take images accept; others (SVG) are named in the text instead.
+_MODEL_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
+class McpApprovalRequest(TypedDict):
+    """The value of the interrupt raised for one MCP call of the running code.
+
+    The first five keys are those of `HumanInTheLoopMiddleware`'s per-call request, so a UI built
+    for it shows this one too; the others are ipybox's.
+    """
+
+    type: Literal["tool_approval"]
+    tool_call_id: str
+    """Id of the model's ``execute_code`` call whose code makes this MCP call."""
+    name: str
+    """``"server.tool"``."""
+    args: dict[str, Any]
+    description: str
+    """Names the tool and the command line or URL the host runs for its server."""
+    request_id: str
+    """ipybox's id of the request, ``"<execution id>:<n>"``; an answer may echo it."""
+    server: str
+    tool: str
+    annotations: NotRequired[dict[str, Any]]
+    """The MCP tool's annotations (``readOnlyHint`` ...), when it has any."""
+
+
+@with_config(ConfigDict(extra="forbid"))
+class ApproveDecision(TypedDict):
+    """Resume value that lets the MCP call run."""
+
+    type: Literal["approve"]
+    request_id: NotRequired[str]
+
+
+@with_config(ConfigDict(extra="forbid"))
+class RejectDecision(TypedDict):
+    """Resume value that refuses the MCP call: the code gets ``ToolCallRejected(message)``."""
+
+    type: Literal["reject"]
+    message: NotRequired[str]
+    request_id: NotRequired[str]
+
+
+# LangGraph validates resume values against this before storing them: a wrong answer raises
+# pydantic's ValidationError from `ainvoke` and the same interrupt can be answered again.
+_RESPONSE_SCHEMA = Annotated[ApproveDecision | RejectDecision, Discriminator("type")]
+
+
+class OutputEvent(TypedDict):
+    """What the tool writes to the graph's ``custom`` stream for each piece of kernel output."""
+
+    type: Literal["ipybox.output"]
+    tool_call_id: str
+    stream: Literal["stdout", "stderr", "result"]
+    text: str
+
+
+class _Args(BaseModel):
+    code: str = Field(description="Python code to run in the kernel.")
+    # Injected by ToolNode from the model's tool call; not part of the schema the model sees.
+    tool_call_id: Annotated[str, InjectedToolCallId]
+
+
+class IpyboxTool(BaseTool):
+    """Runs the model's Python code in an ipybox kernel; the code can call the generated MCP tools.
+
+    Use it asynchronously (``ainvoke``, ``astream``): the sync ``invoke`` raises `UsageError`.
+
+    Approvals: when the graph has a checkpointer, every MCP call of the code is an `interrupt()`
+    with an `McpApprovalRequest`; resume with `Command(resume={interrupt.id: decision})` where the
+    decision is `ApproveDecision` or `RejectDecision`. The execution waits in the kernel between
+    the interrupt and the resume, up to ``ttl`` seconds. Without a checkpointer, the executor's
+    approval policy decides (a request it leaves to "ask" is rejected: nobody could answer it).
+
+    Results come back as a `ToolMessage`: the text output, displayed images as image content
+    blocks, and ``status="error"`` with the traceback when the code raised. Kernel output is also
+    written to the graph's ``custom`` stream as it happens (`OutputEvent`), once per output even
+    when the tool runs again on resume.
+    """
+
+    name: str = TOOL_NAME
+    description: str = ""
+    args_schema: type[BaseModel] = _Args  # pyright: ignore[reportIncompatibleVariableOverride]
+    executor: CodeExecutor
+    instructions: str = ""
+    """How to use the kernel, with the stubs of the generated tools: the default description, and
+    what to put in a system prompt instead when the description is kept short."""
+    ttl: float | None = DEFAULT_TTL
+    timeout: float | None = None
+
+    def __init__(
+        self,
+        *,
+        executor: CodeExecutor,
+        name: str = TOOL_NAME,
+        description: str | None = None,
+        servers: Sequence[str] | None = None,
+        ttl: float | None = DEFAULT_TTL,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Create the tool.
+
+        Args:
+            executor: Runs the code; must be started (``async with CodeExecutor(...)``) before the
+                tool is called, and stay running while the graph waits on an interrupt.
+            name: The tool's name as the model sees it.
+            description: What the model reads about the tool; by default `instructions`. Pass a
+                short text when `instructions` go into the system prompt.
+            servers: Describe only these MCP servers' tools (all generated ones when None).
+            ttl: Seconds an execution waits for an answer to an interrupt before it is cancelled
+                (None: no limit). A resume after that reports the execution as lost.
+            timeout: Seconds the code may run, not counting approval waits (None: the
+                executor's ``timeouts.execution``).
+            **kwargs: Other `BaseTool` fields (``tags``, ``metadata``, ``callbacks``...).
+        """
+        instructions = tool_instructions(executor.tools_dir, servers=None if servers is None else list(servers))
+        super().__init__(
+            executor=executor,
+            name=name,
+            description=instructions if description is None else description,
+            instructions=instructions,
+            ttl=ttl,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    def _run(self, *args: object, **kwargs: object) -> NoReturn:
+        raise UsageError(
+            f"{type(self).__name__} runs asynchronously only: call 'await tool.ainvoke(...)', or run the "
+            "agent with 'ainvoke' / 'astream'"
+        )
+
+    async def _arun(self, code: str, tool_call_id: str, config: RunnableConfig) -> ToolMessage:
+        configurable = config.get("configurable", {})
+        on_output = _output_writer(tool_call_id)
+        if configurable.get(CONFIG_KEY_CHECKPOINTER) is None:
+            # Nothing could pause and resume the graph: the executor's own policy decides.
+            execution = self.executor.execute(code, approval=None, timeout=self.timeout)
+            outcome = await drive(execution, _nobody_to_ask, on_output=on_output)
+        else:
+            thread_id = configurable.get("thread_id")
+            if thread_id is None:
+                raise UsageError(
+                    "the graph has a checkpointer but no thread id: pass config={'configurable': {'thread_id': ...}}"
+                )
+            key = f"langchain:{thread_id}:{tool_call_id}"
+            queue = _queues.setdefault(self.executor, _Queue())
+            try:
+                execution = start_or_attach(
+                    self.executor, key, code, approval="ask", ttl=self.ttl, timeout=self.timeout
+                )
+            except ExecutionLost as exc:
+                outcome = ActionOutcome.lost(exc)
+            else:
+                queue.executions.add(execution)
+                await queue.wait_for_turn(execution)
+                # LangGraph hands resume values to a task's interrupts by position, so every request
+                # is asked again in order on each run of the tool, decided or not.
+                outcome = await drive(execution, _interrupter(tool_call_id, queue), on_output=on_output, replay="all")
+        return _message(outcome, tool_call_id, self.name)
+
+
+@dataclass
+class _Queue:
+    """The keyed executions this adapter started on one executor, which runs them one at a time.
+
+    Parallel tool calls of one model turn are tasks of one LangGraph step, and the step ends only
+    when every task has returned or interrupted. A code action queued behind one that waits on an
+    interrupt would wait for a resume that cannot come before the step ends: it interrupts too,
+    asking nothing, and runs when LangGraph runs the step again on resume.
+    """
+
+    executions: weakref.WeakSet[Execution] = field(default_factory=lambda: weakref.WeakSet[Execution]())
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def notify(self) -> None:
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def wait_for_turn(self, execution: Execution) -> None:
+        """Return once ``execution`` has begun; raise `GraphInterrupt` while another waits for a person.
+
+        Raises:
+            GraphInterrupt: With no interrupt of its own: the tool call is run again on resume.
+        """
+        while not execution.log and not execution.done:
+            if any(other is not execution and _waits_for_person(other) for other in self.executions):
+                raise GraphInterrupt(())
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_after, _first_event(execution), tg.cancel_scope)
+                tg.start_soon(_cancel_after, self.changed.wait(), tg.cancel_scope)
+
+
+async def _cancel_after(awaitable: Awaitable[object], scope: anyio.CancelScope) -> None:
+    await awaitable
+    scope.cancel()
+
+
+async def _first_event(execution: Execution) -> None:
+    with contextlib.suppress(IpyboxError):  # a failure is reported by drive()
+        async for _ in execution.events():
+            break
+
+
+def _waits_for_person(execution: Execution) -> bool:
+    return not execution.done and any(
+        isinstance(event, ApprovalRequest) and event.decision is None for event in execution.log
+    )
+
+
+_queues: weakref.WeakKeyDictionary[CodeExecutor, _Queue] = weakref.WeakKeyDictionary()
+
+
+def _interrupter(tool_call_id: str, queue: _Queue) -> Decide:
+    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+        value = McpApprovalRequest(
+            type="tool_approval",
+            tool_call_id=tool_call_id,
+            name=payload.name,
+            args=cast("dict[str, Any]", payload.to_json()["args"]),
+            description=payload.description,
+            request_id=payload.request_id,
+            server=payload.server,
+            tool=payload.tool,
+        )
+        if "annotations" in (data := payload.to_json()):
+            value["annotations"] = data["annotations"]
+        if request.decision is None:
+            queue.notify()
+        # The first run raises GraphInterrupt here (the execution stays paused); a resumed run gets
+        # the stored answer back. Never catch around this call.
+        answer = interrupt(value, response_schema=cast("type[Any]", _RESPONSE_SCHEMA))
+        return Decision.parse(answer)
+
+    return decide
+
+
+async def _nobody_to_ask(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+    return Decision.reject(
+        f"nobody can approve {payload.name}: the executor's approval policy is 'ask' but the graph has no "
+        "checkpointer to pause on; compile the graph with a checkpointer, or give CodeExecutor an approval "
+        "policy (ApprovalRules, a callback or 'auto')"
+    )
+
+
+def _output_writer(tool_call_id: str) -> Callable[[CodeExecutionChunk], Awaitable[None]] | None:
+    """Writes kernel output to the graph's custom stream; None outside a graph."""
+    if get_runtime() is None:  # pyright: ignore[reportUnnecessaryComparison]
+        return None
+    write = get_stream_writer()
+
+    async def on_output(chunk: CodeExecutionChunk) -> None:
+        write(OutputEvent(type="ipybox.output", tool_call_id=tool_call_id, stream=chunk.stream, text=chunk.text))
+
+    return on_output
+
+
+def _message(outcome: ActionOutcome, tool_call_id: str, name: str) -> ToolMessage:
+    text = outcome.text
+    blocks: list[Any] = []
+    for image in outcome.images:
+        if image.mime in _MODEL_IMAGE_TYPES:
+            blocks.append(create_image_block(base64=_b64(image.data), mime_type=image.mime))
+        else:
+            where = f" saved as {image.path}" if image.path is not None else ""
+            text += f"\n[{image.mime} image{where}]"
+    content: str | list[Any] = [create_text_block(text), *blocks] if blocks else text
+    return ToolMessage(
+        content=content,
+        tool_call_id=tool_call_id,
+        name=name,
+        status="error" if outcome.failed else "success",
+    )
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
