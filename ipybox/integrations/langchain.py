@@ -205,7 +205,6 @@ class IpyboxTool(BaseTool):
                     "the graph has a checkpointer but no thread id: pass config={'configurable': {'thread_id': ...}}"
                 )
             key = f"langchain:{thread_id}:{tool_call_id}"
-            queue = _queues.setdefault(self.executor, _Queue())
             try:
                 execution = start_or_attach(
                     self.executor, key, code, approval="ask", ttl=self.ttl, timeout=self.timeout
@@ -213,39 +212,53 @@ class IpyboxTool(BaseTool):
             except ExecutionLost as exc:
                 outcome = ActionOutcome.lost(exc)
             else:
-                queue.executions.add(execution)
-                await queue.wait_for_turn(execution)
+                queue = _queues.setdefault(self.executor, _Queue())
+                step = _step_of(thread_id)
+                await queue.wait_for_turn(execution, step)
                 # LangGraph hands resume values to a task's interrupts by position, so every request
                 # is asked again in order on each run of the tool, decided or not.
-                outcome = await drive(execution, _interrupter(tool_call_id, queue), on_output=on_output, replay="all")
+                decide = _interrupter(tool_call_id, execution, queue, step)
+                outcome = await drive(execution, decide, on_output=on_output, replay="all")
         return _message(outcome, tool_call_id, self.name)
+
+
+def _paused_map() -> weakref.WeakKeyDictionary[Execution, str]:
+    return weakref.WeakKeyDictionary()
 
 
 @dataclass
 class _Queue:
-    """The keyed executions this adapter started on one executor, which runs them one at a time.
+    """Which code actions on one executor (which runs them one at a time) wait on an interrupt.
 
     Parallel tool calls of one model turn are tasks of one LangGraph step, and the step ends only
     when every task has returned or interrupted. A code action queued behind one that waits on an
-    interrupt would wait for a resume that cannot come before the step ends: it interrupts too,
-    asking nothing, and runs when LangGraph runs the step again on resume.
+    interrupt of the same step would wait for a resume that cannot come before the step ends: it
+    interrupts too, asking nothing, and runs when LangGraph runs the step again on resume. Behind a
+    code action paused by another step (another thread, an unanswered earlier run) it just waits its
+    turn, as it would behind a long-running one.
     """
 
-    executions: weakref.WeakSet[Execution] = field(default_factory=lambda: weakref.WeakSet[Execution]())
+    paused: weakref.WeakKeyDictionary[Execution, str] = field(default_factory=_paused_map)
+    """Executions whose tool call raised an interrupt, and the step that raised it."""
     changed: anyio.Event = field(default_factory=anyio.Event)
 
-    def notify(self) -> None:
+    def pause(self, execution: Execution, step: str) -> None:
+        self.paused[execution] = step
         self.changed.set()
         self.changed = anyio.Event()
 
-    async def wait_for_turn(self, execution: Execution) -> None:
-        """Return once ``execution`` has begun; raise `GraphInterrupt` while another waits for a person.
+    async def wait_for_turn(self, execution: Execution, step: str) -> None:
+        """Return once ``execution`` has begun.
 
         Raises:
-            GraphInterrupt: With no interrupt of its own: the tool call is run again on resume.
+            GraphInterrupt: With no interrupt of its own, while an execution paused by the same step
+                holds the kernel: LangGraph runs this tool call again when it resumes the step.
         """
         while not execution.log and not execution.done:
-            if any(other is not execution and _waits_for_person(other) for other in self.executions):
+            if any(
+                other is not execution and at == step and _waits_for_person(other)
+                for other, at in list(self.paused.items())
+            ):
                 raise GraphInterrupt(())
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_cancel_after, _first_event(execution), tg.cancel_scope)
@@ -272,7 +285,13 @@ def _waits_for_person(execution: Execution) -> bool:
 _queues: weakref.WeakKeyDictionary[CodeExecutor, _Queue] = weakref.WeakKeyDictionary()
 
 
-def _interrupter(tool_call_id: str, queue: _Queue) -> Decide:
+def _step_of(thread_id: str) -> str:
+    """Identifies the graph step running this tool call; the same again when the step is resumed."""
+    info = get_runtime().execution_info
+    return thread_id if info is None else f"{thread_id}:{info.checkpoint_id}"
+
+
+def _interrupter(tool_call_id: str, execution: Execution, queue: _Queue, step: str) -> Decide:
     async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
         value = McpApprovalRequest(
             type="tool_approval",
@@ -287,7 +306,7 @@ def _interrupter(tool_call_id: str, queue: _Queue) -> Decide:
         if "annotations" in (data := payload.to_json()):
             value["annotations"] = data["annotations"]
         if request.decision is None:
-            queue.notify()
+            queue.pause(execution, step)
         # The first run raises GraphInterrupt here (the execution stays paused); a resumed run gets
         # the stored answer back. Never catch around this call.
         answer = interrupt(value, response_schema=cast("type[Any]", _RESPONSE_SCHEMA))
