@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeAlias, cast
@@ -311,6 +313,18 @@ def test_the_description_carries_the_stubs_and_the_model_sees_only_the_code(exec
     assert list(cast("type[BaseModel]", tool.tool_call_schema).model_json_schema()["properties"]) == ["code"]
     short = IpyboxTool(executor=executor, name="python", description="Run Python; see the system prompt.")
     assert short.name == "python" and "class greet:" in short.instructions
+
+
+async def test_the_example_agent_runs_offline_and_asks_at_the_terminal() -> None:
+    example = Path(__file__).resolve().parents[2] / "integrations" / "langchain_agent.py"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    with anyio.fail_after(90):
+        run = await anyio.run_process([sys.executable, str(example)], input=b"y\nno mail today\n", env=env, check=False)
+    out = run.stdout.decode()
+    assert run.returncode == 0, run.stderr.decode()
+    assert out.count("[approval] MCP tool call weather.") == 2
+    assert "kernel> Lisbon: " in out and "kernel> report not sent: no mail today" in out
+    assert "model: Done" in out
 
 
 async def test_the_sync_invoke_says_to_use_ainvoke(executor: CodeExecutor) -> None:
