@@ -29,12 +29,11 @@ from typing import Annotated, Any, Literal, NoReturn, NotRequired, cast
 import anyio
 from langchain_core.messages import ToolMessage
 from langchain_core.messages.content import create_image_block, create_text_block
-from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolCallId
-from langgraph.config import get_stream_writer
+from langgraph.config import get_config, get_stream_writer
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.errors import GraphInterrupt
-from langgraph.runtime import get_runtime
+from langgraph.runtime import Runtime, get_runtime
 from langgraph.types import interrupt
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, with_config
 
@@ -191,8 +190,10 @@ class IpyboxTool(BaseTool):
             "agent with 'ainvoke' / 'astream'"
         )
 
-    async def _arun(self, code: str, tool_call_id: str, config: RunnableConfig) -> ToolMessage:
-        configurable = config.get("configurable", {})
+    async def _arun(self, code: str, tool_call_id: str) -> ToolMessage:
+        # BaseTool.arun runs this in the call's config context; LangGraph's config carries the
+        # checkpointer the graph was compiled or invoked with.
+        configurable = get_config().get("configurable", {})
         on_output = _output_writer(tool_call_id)
         if configurable.get(CONFIG_KEY_CHECKPOINTER) is None:
             # Nothing could pause and resume the graph: the executor's own policy decides.
@@ -226,6 +227,10 @@ def _paused_map() -> weakref.WeakKeyDictionary[Execution, str]:
     return weakref.WeakKeyDictionary()
 
 
+def _execution_set() -> weakref.WeakSet[Execution]:
+    return weakref.WeakSet()
+
+
 @dataclass
 class _Queue:
     """Which code actions on one executor (which runs them one at a time) wait on an interrupt.
@@ -238,6 +243,7 @@ class _Queue:
     turn, as it would behind a long-running one.
     """
 
+    started: weakref.WeakSet[Execution] = field(default_factory=_execution_set)
     paused: weakref.WeakKeyDictionary[Execution, str] = field(default_factory=_paused_map)
     """Executions whose tool call raised an interrupt, and the step that raised it."""
     changed: anyio.Event = field(default_factory=anyio.Event)
@@ -254,7 +260,12 @@ class _Queue:
             GraphInterrupt: With no interrupt of its own, while an execution paused by the same step
                 holds the kernel: LangGraph runs this tool call again when it resumes the step.
         """
-        while not execution.log and not execution.done:
+        for other in [other for other in self.started if other.done]:
+            self.started.discard(other)
+        self.started.add(execution)
+        # Executions run in the order they were started, and each tool call registers its own before
+        # it first awaits: with no other unfinished one registered, nothing can hold this one up.
+        while not execution.log and not execution.done and len(self.started) > 1:
             if any(
                 other is not execution and at == step and _waits_for_person(other)
                 for other, at in list(self.paused.items())
@@ -285,9 +296,16 @@ def _waits_for_person(execution: Execution) -> bool:
 _queues: weakref.WeakKeyDictionary[CodeExecutor, _Queue] = weakref.WeakKeyDictionary()
 
 
+def _runtime() -> Runtime[Any] | None:
+    """The graph's runtime; None when the tool is invoked outside a graph (its annotation says
+    otherwise, but it reads an optional config entry)."""
+    return cast("Runtime[Any] | None", get_runtime())
+
+
 def _step_of(thread_id: str) -> str:
     """Identifies the graph step running this tool call; the same again when the step is resumed."""
-    info = get_runtime().execution_info
+    runtime = _runtime()
+    info = None if runtime is None else runtime.execution_info
     return thread_id if info is None else f"{thread_id}:{info.checkpoint_id}"
 
 
@@ -325,7 +343,7 @@ async def _nobody_to_ask(request: ApprovalRequest, payload: ApprovalPayload) -> 
 
 def _output_writer(tool_call_id: str) -> Callable[[CodeExecutionChunk], Awaitable[None]] | None:
     """Writes kernel output to the graph's custom stream; None outside a graph."""
-    if get_runtime() is None:  # pyright: ignore[reportUnnecessaryComparison]
+    if _runtime() is None:
         return None
     write = get_stream_writer()
 
