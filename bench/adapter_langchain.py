@@ -14,7 +14,8 @@ that executor, interleaved run by run so drift on a shared machine hits them ali
   resumed; LangGraph's own cost of an interrupt and resume is measured with a tool that only calls
   ``interrupt()``. The adapter's share is the graph with ipybox − the plain round trip − that one.
 
-Prints a table of medians (ms) and writes nothing. A benchmark, not a test.
+Prints a table of medians (ms) and writes nothing. A benchmark, not a test. ``--sizes`` prints only
+how long the tool's description is for the weather example and for server-everything.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ from ipybox.integrations.langchain import IpyboxTool
 
 BENCH = Path(__file__).resolve().parent
 SERVER = {"command": sys.executable, "args": [str(BENCH / "bench_mcp_server.py")]}
+DESCRIBED = {
+    "weather example": {"command": sys.executable, "args": [str(BENCH.parent / "examples" / "weather_server.py")]},
+    "server-everything": {"command": str(BENCH.parent / "node_modules" / ".bin" / "mcp-server-everything")},
+}
 CODE = "x = 1"
 APPROVED = f"from mcptools.{BENCH_SERVER} import greet\ngreet.run({{'name': 'b'}})"
 # Runs discarded before measuring: the first calls pay imports and pydantic schema builds.
@@ -187,7 +192,26 @@ def report(actions: Samples, approvals: Samples) -> None:
     )
 
 
+async def sizes() -> None:
+    """The description's length: what every model call carries when the tool is bound."""
+    for label, params in DESCRIBED.items():
+        with tempfile.TemporaryDirectory(prefix="ipybox-bench-lc-") as tmp:
+            tools_dir, workspace = Path(tmp) / "mcptools", Path(tmp) / "workspace"
+            workspace.mkdir()
+            written = await generate_mcp_sources(label.split()[0], params, tools_dir)
+            async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as executor:
+                text = IpyboxTool(executor=executor).description
+            # No tokenizer works offline here; ~4 characters a token is the usual rule for English and code.
+            size = f"{len(text)} characters, {len(text.split())} words, ~{len(text) // 4} tokens"
+            print(f"{label}: {len(written)} tools, {size}")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200, help="measured runs per code-action variant")
-    anyio.run(main, parser.parse_args().runs)
+    parser.add_argument("--sizes", action="store_true", help="only print the description's size")
+    args = parser.parse_args()
+    if args.sizes:
+        anyio.run(sizes)
+    else:
+        anyio.run(main, args.runs)
