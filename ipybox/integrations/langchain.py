@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import weakref
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, NoReturn, NotRequired, cast
 
@@ -30,6 +30,7 @@ import anyio
 from langchain_core.messages import ToolMessage
 from langchain_core.messages.content import create_image_block, create_text_block
 from langchain_core.tools import BaseTool, InjectedToolCallId
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.config import get_config, get_stream_writer
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
 from langgraph.errors import GraphInterrupt
@@ -56,6 +57,9 @@ from ._core import (
 
 __all__ = ("ApproveDecision", "IpyboxTool", "McpApprovalRequest", "OutputEvent", "RejectDecision")
 
+# Channels of a task's saved writes once it raised an interrupt, or was resumed from one (the names
+# the graph output's "__interrupt__" key also uses).
+_PAUSE_CHANNELS = frozenset({"__interrupt__", "__resume__"})
 # Image types the chat models that take images accept; others (SVG) are named in the text instead.
 _MODEL_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 
@@ -207,9 +211,7 @@ class IpyboxTool(BaseTool):
                 )
             key = f"langchain:{thread_id}:{tool_call_id}"
             try:
-                execution = start_or_attach(
-                    self.executor, key, code, approval="ask", ttl=self.ttl, timeout=self.timeout
-                )
+                execution = await self._start_or_attach(key, code, configurable)
             except ExecutionLost as exc:
                 outcome = ActionOutcome.lost(exc)
             else:
@@ -222,6 +224,25 @@ class IpyboxTool(BaseTool):
                 outcome = await drive(execution, decide, on_output=on_output, replay="all")
         return _message(outcome, tool_call_id, self.name)
 
+    async def _start_or_attach(self, key: str, code: str, configurable: Mapping[str, Any]) -> Execution:
+        """The execution of this tool call: its paused one on resume, else a new one.
+
+        Raises:
+            ExecutionLost: This is a resume but its execution is gone (the executor was replaced, its
+                ttl passed, or it ran in another process); nothing is run.
+        """
+        try:
+            return self.executor.attach(key)
+        except ExecutionLost:
+            # The core knows the keys this process started; the checkpoint also knows a tool call
+            # that interrupted in a process that is gone.
+            if await _interrupted_before(configurable):
+                raise ExecutionLost(
+                    f"this tool call waited on an interrupt, but no execution with key {key!r} is known "
+                    "here (the executor was replaced, its ttl passed, or it ran in another process)"
+                ) from None
+        return start_or_attach(self.executor, key, code, approval="ask", ttl=self.ttl, timeout=self.timeout)
+
 
 def _paused_map() -> weakref.WeakKeyDictionary[Execution, str]:
     return weakref.WeakKeyDictionary()
@@ -229,6 +250,29 @@ def _paused_map() -> weakref.WeakKeyDictionary[Execution, str]:
 
 def _execution_set() -> weakref.WeakSet[Execution]:
     return weakref.WeakSet()
+
+
+async def _interrupted_before(configurable: Mapping[str, Any]) -> bool:
+    """Whether the checkpoint holds an interrupt or resume of the task running this tool call."""
+    runtime = _runtime()
+    info = None if runtime is None else runtime.execution_info
+    if info is None:
+        return False
+    checkpointer: BaseCheckpointSaver[Any] = configurable[CONFIG_KEY_CHECKPOINTER]
+    # The task's writes are saved with the checkpoint of the graph that runs it: its namespace is the
+    # task's without the last `|`-separated part (the task's own).
+    parent_ns = info.checkpoint_ns.rpartition("|")[0]
+    saved = await checkpointer.aget_tuple(
+        {
+            "configurable": {
+                "thread_id": configurable["thread_id"],
+                "checkpoint_ns": parent_ns,
+                "checkpoint_id": info.checkpoint_id,
+            }
+        }
+    )
+    writes = () if saved is None or saved.pending_writes is None else saved.pending_writes
+    return any(task == info.task_id and channel in _PAUSE_CHANNELS for task, channel, _ in writes)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from langgraph.types import Command, GraphOutput, Interrupt
 from pydantic import BaseModel, ValidationError
 
 from ipybox import ApprovalRules, CodeExecutor, ExecutionCancelled, UsageError
+from ipybox.integrations import _core
 from ipybox.integrations.langchain import IpyboxTool
 
 pytestmark = pytest.mark.anyio
@@ -187,23 +188,30 @@ async def test_an_answer_that_is_no_decision_is_refused_and_the_interrupt_can_be
     assert tool_messages(out)["c-v"].content == "Hello, v!\n"
 
 
+@pytest.mark.parametrize("fresh_process", [False, True], ids=["same process", "fresh process"])
 async def test_a_resume_after_the_executor_was_replaced_reports_lost_and_runs_nothing(
-    tools_dir: Path, workspace: Path
+    tools_dir: Path, workspace: Path, fresh_process: bool
 ) -> None:
     checkpointer = InMemorySaver()
     code = TWO_CALLS.format(marker="lost.txt")
+    thread = f"t-lost-{fresh_process}"  # the process record of started keys outlives a test
 
-    def agent_on(executor: CodeExecutor) -> Agent:
-        return agent_with(IpyboxTool(executor=executor), code_call(code, "call-l"), checkpointer=checkpointer)
+    def agent_on(executor: CodeExecutor, *replies: AIMessage) -> Agent:
+        model = ScriptedModel(responses=list(replies))
+        return cast("Agent", create_agent(model, tools=[IpyboxTool(executor=executor)], checkpointer=checkpointer))
 
     async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as first:
         with anyio.fail_after(60):
-            out = await agent_on(first).ainvoke(START, config("t-lost"), version="v2")
+            asks = AIMessage("", tool_calls=[code_call(code, "call-l")])
+            out = await agent_on(first, asks).ainvoke(START, config(thread), version="v2")
         (pending,) = out.interrupts
+    if fresh_process:
+        # What a new process knows of the keys started before: nothing but the checkpoint.
+        _core._started.clear()
     async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as second:
         with anyio.fail_after(60):
-            out = await agent_on(second).ainvoke(
-                Command(resume={pending.id: {"type": "approve"}}), config("t-lost"), version="v2"
+            out = await agent_on(second, AIMessage("done")).ainvoke(
+                Command(resume={pending.id: {"type": "approve"}}), config(thread), version="v2"
             )
         assert not out.interrupts
         message = tool_messages(out)["call-l"]
