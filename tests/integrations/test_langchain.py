@@ -172,18 +172,25 @@ async def test_a_rejected_call_raises_tool_call_rejected_that_the_code_catches(
     assert (module_workspace / "reject.txt").read_text() == "ran\n"
 
 
+@pytest.mark.parametrize(
+    ("answer", "complaint"),
+    [
+        ({"type": "edit"}, "'approve' or 'reject'"),
+        ({"type": "approve", "message": "fine"}, "takes no 'message'"),
+        ({"type": "reject", "reason": "no"}, "Extra inputs are not permitted"),
+    ],
+)
 async def test_an_answer_that_is_no_decision_is_refused_and_the_interrupt_can_be_answered_again(
-    executor: CodeExecutor,
+    executor: CodeExecutor, answer: dict[str, Any], complaint: str
 ) -> None:
-    agent = agent_running(
-        executor, code_call("from mcptools.test import greet\nprint(greet.run({'name': 'v'}))", "c-v")
-    )
+    thread = f"t-invalid-{complaint}"
+    agent = agent_running(executor, code_call(f"{GREET}\nprint(greet.run({{'name': 'v'}}))", "c-v"))
     with anyio.fail_after(60):
-        out = await agent.ainvoke(START, config("t-invalid"), version="v2")
+        out = await agent.ainvoke(START, config(thread), version="v2")
         (pending,) = out.interrupts
-        with pytest.raises(ValidationError, match="approve"):
-            await agent.ainvoke(Command(resume={pending.id: {"type": "edit"}}), config("t-invalid"), version="v2")
-        out = await agent.ainvoke(Command(resume={pending.id: {"type": "approve"}}), config("t-invalid"), version="v2")
+        with pytest.raises(ValidationError, match=complaint):
+            await agent.ainvoke(Command(resume={pending.id: answer}), config(thread), version="v2")
+        out = await agent.ainvoke(Command(resume={pending.id: {"type": "approve"}}), config(thread), version="v2")
     assert not out.interrupts
     assert tool_messages(out)["c-v"].content == "Hello, v!\n"
 
