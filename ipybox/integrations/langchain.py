@@ -356,18 +356,8 @@ def _step_of(thread_id: str) -> str:
 
 def _interrupter(tool_call_id: str, execution: Execution, queue: _Queue, step: str) -> Decide:
     async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
-        value = McpApprovalRequest(
-            type="tool_approval",
-            tool_call_id=tool_call_id,
-            name=payload.name,
-            args=cast("dict[str, Any]", payload.to_json()["args"]),
-            description=payload.description,
-            request_id=payload.request_id,
-            server=payload.server,
-            tool=payload.tool,
-        )
-        if "annotations" in (data := payload.to_json()):
-            value["annotations"] = data["annotations"]
+        # The payload's JSON has the rest of McpApprovalRequest's keys, annotations only when present.
+        value = cast("McpApprovalRequest", {"type": "tool_approval", "tool_call_id": tool_call_id, **payload.to_json()})
         if request.decision is None:
             queue.pause(execution, step)
         # The first run raises GraphInterrupt here (the execution stays paused); a resumed run gets
