@@ -145,7 +145,7 @@ async def test_parallel_code_actions_each_pause_and_resume_by_interrupt_id(
     assert (module_workspace / "par-b.txt").read_text() == "ran\n"
 
 
-async def test_both_code_actions_pause_at_once_when_the_first_is_quiet(
+async def test_a_code_action_without_mcp_calls_finishes_beside_one_that_pauses(
     executor: CodeExecutor, module_workspace: Path
 ) -> None:
     agent = agent_running(
