@@ -15,6 +15,7 @@ HEAVY = frozenset(
     | {"anyio", "httpx2", "starlette", "uvicorn", "cryptography", "packaging", "importlib_metadata"}
     | {"pydantic_ai", "pydantic_graph"}
     | {"agents", "openai"}
+    | {"langchain", "langchain_core", "langgraph", "langsmith"}
 )
 
 

@@ -1,0 +1,410 @@
+"""LangChain / LangGraph: ipybox as the code-action tool of an agent, every MCP call it makes a
+LangGraph interrupt.
+
+```python
+from ipybox.integrations.langchain import IpyboxTool
+
+agent = create_agent(model, tools=[IpyboxTool(executor=executor)], checkpointer=InMemorySaver())
+```
+
+With a checkpointer, each MCP call the running code makes pauses the graph with `interrupt()`; the
+value looks like `HumanInTheLoopMiddleware`'s per-call request, and the answer is one of its
+decisions (``{"type": "approve"}``, ``{"type": "reject", "message": "..."}``), given by interrupt id.
+LangGraph resumes by running the tool again from the top; the tool then re-attaches to the execution
+that waited in the kernel meanwhile and replays its events, so the code runs once. Without a
+checkpointer nothing can pause, and the executor's own approval policy decides.
+
+Needs ``pip install "ipybox[langchain]"``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, NoReturn, NotRequired, Self, TypedDict, cast
+
+import anyio
+from langchain_core.messages import ToolMessage
+from langchain_core.messages.content import create_image_block, create_text_block
+from langchain_core.tools import BaseTool, InjectedToolCallId
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.config import get_config, get_stream_writer
+from langgraph.constants import CONFIG_KEY_CHECKPOINTER
+from langgraph.errors import GraphInterrupt
+from langgraph.runtime import Runtime, get_runtime
+from langgraph.types import interrupt
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutor, Execution, ExecutionLost, IpyboxError, UsageError
+
+from ._core import (
+    DEFAULT_TTL,
+    TOOL_NAME,
+    ActionOutcome,
+    ApprovalPayload,
+    Decide,
+    Decision,
+    drive,
+    start_or_attach,
+    tool_instructions,
+)
+
+__all__ = ("IpyboxTool", "McpApprovalRequest", "McpDecision", "OutputEvent")
+
+# Channels of a task's saved writes once it raised an interrupt, or was resumed from one (the names
+# the graph output's "__interrupt__" key also uses).
+_PAUSE_CHANNELS = frozenset({"__interrupt__", "__resume__"})
+# Image types the chat models that take images accept; others (SVG) are named in the text instead.
+_MODEL_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
+class McpApprovalRequest(TypedDict):
+    """The value of the interrupt raised for one MCP call of the running code.
+
+    The first five keys are those of `HumanInTheLoopMiddleware`'s per-call request, so a UI built
+    for it shows this one too; the others are ipybox's.
+    """
+
+    type: Literal["tool_approval"]
+    tool_call_id: str
+    """Id of the model's ``execute_code`` call whose code makes this MCP call."""
+    name: str
+    """``"server.tool"``."""
+    args: dict[str, Any]
+    description: str
+    """Names the tool and the command line or URL the host runs for its server."""
+    request_id: str
+    """ipybox's id of the request, ``"<execution id>:<n>"``; an answer may echo it."""
+    server: str
+    tool: str
+    annotations: NotRequired[dict[str, Any]]
+    """The MCP tool's annotations (``readOnlyHint`` ...), when it has any."""
+
+
+class McpDecision(BaseModel):
+    """The answer to an `McpApprovalRequest`: `HumanInTheLoopMiddleware`'s approve or reject decision.
+
+    Resume with plain data, ``{"type": "approve"}`` or ``{"type": "reject", "message": "why"}``;
+    LangGraph checks it against this model before it stores it (the interrupt's
+    ``response_schema``), so a wrong answer raises pydantic's ``ValidationError`` from ``ainvoke``
+    and the same interrupt can be answered again.
+    """
+
+    # A model, not a union of TypedDicts: LangGraph builds a validator from the schema on every
+    # interrupt, which takes ~0.02 ms for a model and milliseconds for a discriminated union.
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["approve", "reject"]
+    message: str | None = None
+    """Why the call is rejected; the code sees it as ``ToolCallRejected.reason``."""
+    request_id: str | None = None
+    """The request this answers, if the answer says; another request's id reports the execution lost."""
+
+    @model_validator(mode="after")
+    def _approval_has_no_message(self) -> Self:
+        if self.type == "approve" and self.message is not None:
+            raise ValueError("an approval {'type': 'approve'} takes no 'message'")
+        return self
+
+
+class OutputEvent(TypedDict):
+    """What the tool writes to the graph's ``custom`` stream for each piece of kernel output."""
+
+    type: Literal["ipybox.output"]
+    tool_call_id: str
+    stream: Literal["stdout", "stderr", "result"]
+    text: str
+
+
+class _Args(BaseModel):
+    code: str = Field(description="Python code to run in the kernel.")
+    # Injected by ToolNode from the model's tool call; not part of the schema the model sees.
+    tool_call_id: Annotated[str, InjectedToolCallId]
+
+
+class IpyboxTool(BaseTool):
+    """Runs the model's Python code in an ipybox kernel; the code can call the generated MCP tools.
+
+    Use it asynchronously (``ainvoke``, ``astream``): the sync ``invoke`` raises `UsageError`.
+
+    Approvals: when the graph has a checkpointer, every MCP call of the code is an `interrupt()`
+    with an `McpApprovalRequest`; resume with `Command(resume={interrupt.id: decision})` where the
+    decision is an `McpDecision`. The execution waits in the kernel between
+    the interrupt and the resume, up to ``ttl`` seconds. Without a checkpointer, the executor's
+    approval policy decides (a request it leaves to "ask" is rejected: nobody could answer it).
+
+    Results come back as a `ToolMessage`: the text output, displayed images as image content
+    blocks, and ``status="error"`` with the traceback when the code raised. Kernel output is also
+    written to the graph's ``custom`` stream as it happens (`OutputEvent`), once per output even
+    when the tool runs again on resume.
+    """
+
+    name: str = TOOL_NAME
+    description: str = ""
+    args_schema: type[BaseModel] = _Args  # pyright: ignore[reportIncompatibleVariableOverride]
+    executor: CodeExecutor
+    instructions: str = ""
+    """How to use the kernel, with the stubs of the generated tools: the default description, and
+    what to put in a system prompt instead when the description is kept short."""
+    ttl: float | None = DEFAULT_TTL
+    timeout: float | None = None
+
+    def __init__(
+        self,
+        *,
+        executor: CodeExecutor,
+        name: str = TOOL_NAME,
+        description: str | None = None,
+        servers: Sequence[str] | None = None,
+        ttl: float | None = DEFAULT_TTL,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Create the tool.
+
+        Args:
+            executor: Runs the code; must be started (``async with CodeExecutor(...)``) before the
+                tool is called, and stay running while the graph waits on an interrupt.
+            name: The tool's name as the model sees it.
+            description: What the model reads about the tool; by default `instructions`. Pass a
+                short text when `instructions` go into the system prompt.
+            servers: Describe only these MCP servers' tools (all generated ones when None).
+            ttl: Seconds an execution waits for an answer to an interrupt before it is cancelled
+                (None: no limit). A resume after that reports the execution as lost.
+            timeout: Seconds the code may run, not counting approval waits (None: the
+                executor's ``timeouts.execution``).
+            **kwargs: Other `BaseTool` fields (``tags``, ``metadata``, ``callbacks``...).
+        """
+        instructions = tool_instructions(executor.tools_dir, servers=None if servers is None else list(servers))
+        super().__init__(
+            executor=executor,
+            name=name,
+            description=instructions if description is None else description,
+            instructions=instructions,
+            ttl=ttl,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    def _run(self, *args: object, **kwargs: object) -> NoReturn:
+        raise UsageError(
+            f"{type(self).__name__} runs asynchronously only: call 'await tool.ainvoke(...)', or run the "
+            "agent with 'ainvoke' / 'astream'"
+        )
+
+    async def _arun(self, code: str, tool_call_id: str) -> ToolMessage:
+        # BaseTool.arun runs this in the call's config context; LangGraph's config carries the
+        # checkpointer the graph was compiled or invoked with.
+        configurable = get_config().get("configurable", {})
+        on_output = _output_writer(tool_call_id)
+        if configurable.get(CONFIG_KEY_CHECKPOINTER) is None:
+            # Nothing could pause and resume the graph: the executor's own policy decides.
+            execution = self.executor.execute(code, approval=None, timeout=self.timeout)
+            outcome = await drive(execution, _nobody_to_ask, on_output=on_output)
+        else:
+            thread_id = configurable.get("thread_id")
+            if thread_id is None:
+                raise UsageError(
+                    "the graph has a checkpointer but no thread id: pass config={'configurable': {'thread_id': ...}}"
+                )
+            key = f"langchain:{thread_id}:{tool_call_id}"
+            try:
+                execution = await self._start_or_attach(key, code, configurable)
+            except ExecutionLost as exc:
+                outcome = ActionOutcome.lost(exc)
+            else:
+                queue = _queues.setdefault(self.executor, _Queue())
+                step = _step_of(thread_id)
+                await queue.wait_for_turn(execution, step)
+                # LangGraph hands resume values to a task's interrupts by position, so every request
+                # is asked again in order on each run of the tool, decided or not.
+                decide = _interrupter(tool_call_id, execution, queue, step)
+                outcome = await drive(execution, decide, on_output=on_output, replay="all")
+        return _message(outcome, tool_call_id, self.name)
+
+    async def _start_or_attach(self, key: str, code: str, configurable: Mapping[str, Any]) -> Execution:
+        """The execution of this tool call: its paused one on resume, else a new one.
+
+        Raises:
+            ExecutionLost: This is a resume but its execution is gone (the executor was replaced, its
+                ttl passed, or it ran in another process); nothing is run.
+        """
+        try:
+            return self.executor.attach(key)
+        except ExecutionLost:
+            # The core knows the keys this process started; the checkpoint also knows a tool call
+            # that interrupted in a process that is gone.
+            if await _interrupted_before(configurable):
+                raise ExecutionLost(
+                    f"this tool call waited on an interrupt, but no execution with key {key!r} is known "
+                    "here (the executor was replaced, its ttl passed, or it ran in another process)"
+                ) from None
+        return start_or_attach(self.executor, key, code, approval="ask", ttl=self.ttl, timeout=self.timeout)
+
+
+def _paused_map() -> weakref.WeakKeyDictionary[Execution, str]:
+    return weakref.WeakKeyDictionary()
+
+
+def _execution_set() -> weakref.WeakSet[Execution]:
+    return weakref.WeakSet()
+
+
+async def _interrupted_before(configurable: Mapping[str, Any]) -> bool:
+    """Whether the checkpoint holds an interrupt or resume of the task running this tool call."""
+    runtime = _runtime()
+    info = None if runtime is None else runtime.execution_info
+    if info is None:
+        return False
+    checkpointer: BaseCheckpointSaver[Any] = configurable[CONFIG_KEY_CHECKPOINTER]
+    # The task's writes are saved with the checkpoint of the graph that runs it: its namespace is the
+    # task's without the last `|`-separated part (the task's own).
+    parent_ns = info.checkpoint_ns.rpartition("|")[0]
+    saved = await checkpointer.aget_tuple(
+        {
+            "configurable": {
+                "thread_id": configurable["thread_id"],
+                "checkpoint_ns": parent_ns,
+                "checkpoint_id": info.checkpoint_id,
+            }
+        }
+    )
+    writes = () if saved is None or saved.pending_writes is None else saved.pending_writes
+    return any(task == info.task_id and channel in _PAUSE_CHANNELS for task, channel, _ in writes)
+
+
+@dataclass
+class _Queue:
+    """Which code actions on one executor (which runs them one at a time) wait on an interrupt.
+
+    Parallel tool calls of one model turn are tasks of one LangGraph step, and the step ends only
+    when every task has returned or interrupted. A code action queued behind one that waits on an
+    interrupt of the same step would wait for a resume that cannot come before the step ends: it
+    interrupts too, asking nothing, and runs when LangGraph runs the step again on resume. Behind a
+    code action paused by another step (another thread, an unanswered earlier run) it just waits its
+    turn, as it would behind a long-running one.
+    """
+
+    started: weakref.WeakSet[Execution] = field(default_factory=_execution_set)
+    paused: weakref.WeakKeyDictionary[Execution, str] = field(default_factory=_paused_map)
+    """Executions whose tool call raised an interrupt, and the step that raised it."""
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    def pause(self, execution: Execution, step: str) -> None:
+        self.paused[execution] = step
+        self.changed.set()
+        self.changed = anyio.Event()
+
+    async def wait_for_turn(self, execution: Execution, step: str) -> None:
+        """Return once ``execution`` has begun.
+
+        Raises:
+            GraphInterrupt: With no interrupt of its own, while an execution paused by the same step
+                holds the kernel: LangGraph runs this tool call again when it resumes the step.
+        """
+        for other in [other for other in self.started if other.done]:
+            self.started.discard(other)
+        self.started.add(execution)
+        # Executions run in the order they were started, and each tool call registers its own before
+        # it first awaits: with no other unfinished one registered, nothing can hold this one up.
+        while not execution.log and not execution.done and len(self.started) > 1:
+            if any(
+                other is not execution and at == step and _waits_for_person(other)
+                for other, at in list(self.paused.items())
+            ):
+                raise GraphInterrupt(())
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_cancel_after, _first_event(execution), tg.cancel_scope)
+                tg.start_soon(_cancel_after, self.changed.wait(), tg.cancel_scope)
+
+
+async def _cancel_after(awaitable: Awaitable[object], scope: anyio.CancelScope) -> None:
+    await awaitable
+    scope.cancel()
+
+
+async def _first_event(execution: Execution) -> None:
+    with contextlib.suppress(IpyboxError):  # a failure is reported by drive()
+        async for _ in execution.events():
+            break
+
+
+def _waits_for_person(execution: Execution) -> bool:
+    return not execution.done and any(
+        isinstance(event, ApprovalRequest) and event.decision is None for event in execution.log
+    )
+
+
+_queues: weakref.WeakKeyDictionary[CodeExecutor, _Queue] = weakref.WeakKeyDictionary()
+
+
+def _runtime() -> Runtime[Any] | None:
+    """The graph's runtime; None when the tool is invoked outside a graph (its annotation says
+    otherwise, but it reads an optional config entry)."""
+    return cast("Runtime[Any] | None", get_runtime())
+
+
+def _step_of(thread_id: str) -> str:
+    """Identifies the graph step running this tool call; the same again when the step is resumed."""
+    runtime = _runtime()
+    info = None if runtime is None else runtime.execution_info
+    return thread_id if info is None else f"{thread_id}:{info.checkpoint_id}"
+
+
+def _interrupter(tool_call_id: str, execution: Execution, queue: _Queue, step: str) -> Decide:
+    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+        # The payload's JSON has the rest of McpApprovalRequest's keys, annotations only when present.
+        value = cast("McpApprovalRequest", {"type": "tool_approval", "tool_call_id": tool_call_id, **payload.to_json()})
+        if request.decision is None:
+            queue.pause(execution, step)
+        # The first run raises GraphInterrupt here (the execution stays paused); a resumed run gets
+        # the stored answer back. Never catch around this call.
+        answer = interrupt(value, response_schema=McpDecision)
+        return Decision(approved=answer.type == "approve", message=answer.message, request_id=answer.request_id)
+
+    return decide
+
+
+async def _nobody_to_ask(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+    return Decision.reject(
+        f"nobody can approve {payload.name}: the executor's approval policy is 'ask' but the graph has no "
+        "checkpointer to pause on; compile the graph with a checkpointer, or give CodeExecutor an approval "
+        "policy (ApprovalRules, a callback or 'auto')"
+    )
+
+
+def _output_writer(tool_call_id: str) -> Callable[[CodeExecutionChunk], Awaitable[None]] | None:
+    """Writes kernel output to the graph's custom stream; None outside a graph."""
+    if _runtime() is None:
+        return None
+    write = get_stream_writer()
+
+    async def on_output(chunk: CodeExecutionChunk) -> None:
+        write(OutputEvent(type="ipybox.output", tool_call_id=tool_call_id, stream=chunk.stream, text=chunk.text))
+
+    return on_output
+
+
+def _message(outcome: ActionOutcome, tool_call_id: str, name: str) -> ToolMessage:
+    text = outcome.text
+    blocks: list[Any] = []
+    for image in outcome.images:
+        if image.mime in _MODEL_IMAGE_TYPES:
+            blocks.append(create_image_block(base64=_b64(image.data), mime_type=image.mime))
+        else:
+            where = f" saved as {image.path}" if image.path is not None else ""
+            text += f"\n[{image.mime} image{where}]"
+    content: str | list[Any] = [create_text_block(text), *blocks] if blocks else text
+    return ToolMessage(
+        content=content,
+        tool_call_id=tool_call_id,
+        name=name,
+        status="error" if outcome.failed else "success",
+    )
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
