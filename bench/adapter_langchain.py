@@ -46,7 +46,7 @@ from ipybox.integrations.langchain import IpyboxTool
 BENCH = Path(__file__).resolve().parent
 SERVER = {"command": sys.executable, "args": [str(BENCH / "bench_mcp_server.py")]}
 DESCRIBED = {
-    "weather example": {"command": sys.executable, "args": [str(BENCH.parent / "examples" / "weather_server.py")]},
+    "weather example": {"command": sys.executable, "args": ["-m", "ipybox.examples.weather"]},
     "server-everything": {"command": str(BENCH.parent / "node_modules" / ".bin" / "mcp-server-everything")},
 }
 CODE = "x = 1"

@@ -29,8 +29,7 @@ from langgraph.types import Command, Interrupt
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox.integrations.langchain import IpyboxTool
 
-ROOT = Path(__file__).resolve().parent.parent
-SERVER = {"command": sys.executable, "args": [str(ROOT / "examples" / "weather_server.py")]}
+SERVER = {"command": sys.executable, "args": ["-m", "ipybox.examples.weather"]}
 PROVIDER_KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GOOGLE_API_KEY", "MISTRAL_API_KEY")
 QUESTION = "What's the weather in Lisbon? Send the team a short report."
 

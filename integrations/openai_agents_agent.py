@@ -27,8 +27,6 @@ from agents.tool_context import ToolContext
 from ipybox import CodeExecutionChunk, CodeExecutor, generate_mcp_sources
 from ipybox.integrations.openai_agents import ipybox_tool
 
-WEATHER_SERVER = Path(__file__).resolve().parent.parent / "examples" / "weather_server.py"
-
 QUESTION = "Compare today's weather in Oslo and Lisbon and mail a short report to team@example.com."
 
 # What the offline model "writes": two forecasts (the same tool twice) and one e-mail.
@@ -84,7 +82,9 @@ async def main() -> None:
         tools_dir = Path(tmp) / "mcptools"
         workspace = Path(tmp) / "workspace"
         workspace.mkdir()
-        await generate_mcp_sources("weather", {"command": sys.executable, "args": [str(WEATHER_SERVER)]}, tools_dir)
+        await generate_mcp_sources(
+            "weather", {"command": sys.executable, "args": ["-m", "ipybox.examples.weather"]}, tools_dir
+        )
         async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as executor:
             agent = Agent(
                 name="weather analyst",

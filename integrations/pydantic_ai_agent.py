@@ -1,7 +1,7 @@
 """A PydanticAI agent whose code actions run in ipybox, with each MCP call approved at the terminal.
 
 The agent gets one tool, ``execute_code``, and the typed stubs of the weather example's MCP server
-(``examples/weather_server.py``) in its instructions. When the running code calls an MCP tool, the
+(``python -m ipybox.examples.weather``) in its instructions. When the running code calls an MCP tool, the
 run ends with PydanticAI's ``DeferredToolRequests``; this script asks you about each call and resumes
 the run, and the paused code goes on from where it stopped (it never runs twice). A refused call
 raises ``ToolCallRejected`` in the code with your reason.
@@ -38,8 +38,7 @@ from ipybox.integrations.pydantic_ai import (
     pending_mcp_calls,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-WEATHER = {"command": sys.executable, "args": [str(ROOT / "examples" / "weather_server.py")]}
+WEATHER = {"command": sys.executable, "args": ["-m", "ipybox.examples.weather"]}
 TASK = "What is the weather in Oslo? Send the team (team@example.com) a one-line report."
 
 SCRIPTED_ACTION = """\
