@@ -1,7 +1,8 @@
 """A user outside a clone: build the wheel, install it with plain pip into a fresh venv, run it there.
 
-Slow for a unit test (~30 s: pip fetches every dependency from the package index), but nothing
-else checks that the wheel carries everything the installed ``ipybox`` needs.
+Slow for a unit test (~110 s: pip fetches every dependency, then the three framework extras, from the
+package index), but nothing else checks that the wheel carries everything the installed ``ipybox`` and
+its adapters need.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from mcp import Client, StdioServerParameters, types
 
 import ipybox
 
-pytestmark = [pytest.mark.anyio, pytest.mark.install, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.anyio, pytest.mark.install, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[1]
 # Building the wheel: uv fetches hatchling into its (temporary) cache first.
@@ -104,3 +105,33 @@ async def test_the_built_wheel_installs_with_pip_into_a_fresh_venv_serves_mcp_an
     prompt = f"weather.get_forecast(city='lisbon') via '{python} -m ipybox.examples.weather', allow? [y/N] "
     assert example.stdout.decode() == prompt + "lisbon: 7.5 °C, sunny\n\n"
     assert (project / "mcptools" / "weather" / "get_forecast.py").is_file()
+
+    # The framework extras, from the same wheel, as a user of an adapter installs them; then the
+    # LangChain example agent, copied out of the repo, runs on them (offline, answers on stdin).
+    extras = f"ipybox[langchain,pydantic-ai,openai-agents] @ {wheel.as_uri()}"
+    with anyio.fail_after(INSTALL_TIMEOUT):
+        await anyio.run_process([str(venv / "bin" / "pip"), "install", "--quiet", extras], env=env)
+        imported = await anyio.run_process(
+            [
+                str(python),
+                "-c",
+                "from ipybox.integrations.langchain import IpyboxTool\n"
+                "from ipybox.integrations.pydantic_ai import IpyboxToolset\n"
+                "from ipybox.integrations.openai_agents import ipybox_tool\n"
+                "print('adapters ok')",
+            ],
+            env=env,
+            cwd=project,
+        )
+    assert imported.stdout.decode() == "adapters ok\n"
+    shutil.copy(REPO / "integrations" / "langchain_agent.py", project / "langchain_agent.py")
+    with anyio.fail_after(RUN_TIMEOUT):
+        agent = await anyio.run_process(
+            [str(python), "langchain_agent.py"],
+            input=b"y\nno mail today\n",
+            env={"PATH": os.environ["PATH"], "TMPDIR": str(server_tmp)},
+            cwd=project,
+        )
+    out = agent.stdout.decode()
+    assert out.count("[approval] MCP tool call weather.") == 2, out
+    assert "kernel> report not sent: no mail today" in out, out
