@@ -178,6 +178,8 @@ async def test_a_stdio_client_registers_a_server_calls_its_tools_from_code_and_l
             assert "add" in listing and "greet" in listing
             stubs = _text(await _call(client, "get_tool_stubs", server_name="test", tools=["greet"]))
             assert "class greet:" in stubs and "class add:" not in stubs
+            found = _text(await _call(client, "search_tools", query="greet someone", k=1))
+            assert "class greet:" in found and "class add:" not in found
 
             first = await _call(client, "execute_ipython_cell", code="x = 40\nprint('x is', x)")
             assert _text(first) == "x is 40\n"

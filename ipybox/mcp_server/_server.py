@@ -51,6 +51,8 @@ from ipybox._mcp import describe_server, parse_server_params
 from ipybox._results import CodeExecutionResult
 from ipybox._workspace import read_file, write_file
 from ipybox.codegen._codegen import generate_mcp_sources
+from ipybox.codegen._search import render_match_stubs
+from ipybox.codegen._search import search_tools as find_tools
 from ipybox.codegen._stubs import render_tool_stubs
 
 from ._config import ServerConfig
@@ -65,7 +67,8 @@ _INSTRUCTIONS = """\
 ipybox runs Python in a sandboxed, stateful IPython kernel (no network; the workspace is the only \
 writable directory) and lets that code call the tools of other MCP servers through generated, typed \
 Python modules. Typical flow: register_mcp_server (or list_mcp_servers for the ones already \
-registered) -> read the stubs it returns (get_tool_stubs on demand) -> execute_ipython_cell with code \
+registered) -> read the stubs it returns (get_tool_stubs on demand; search_tools finds the right ones \
+among many) -> execute_ipython_cell with code \
 like `from mcptools.<server> import <tool>; r = <tool>.run(<tool>.Params(...))`, processing results \
 in Python and printing only what you need. Variables persist between cells until reset. Tool calls \
 from code may need the user's approval."""
@@ -274,6 +277,32 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
             return render_tool_stubs(session.tools_dir, servers=[server_name], tools=tools or None)
         except UsageError as exc:
             raise ToolError(str(exc)) from None
+
+    @server.tool(
+        description=(
+            "Search the tools of the registered MCP servers by what they should do (e.g. 'weather forecast "
+            "for a city') and return the stubs of the best matches. With many servers, use this instead of "
+            "reading every server's stubs; kernel code can do the same with ipybox_kernel.search_tools."
+        ),
+        structured_output=False,
+    )
+    async def search_tools(
+        query: Annotated[str, Field(description="What the tool should do, in words")],
+        ctx: Context,
+        k: Annotated[int, Field(description="How many tools to return", ge=1, le=50)] = 5,
+    ) -> str:
+        session = await session_of(ctx)
+        if not session.servers:
+            return "No MCP servers are registered; use register_mcp_server."
+        tools_dir = session.tools_dir
+        try:
+            # Reads and parses the generated modules the first time: off the event loop.
+            matches = await anyio.to_thread.run_sync(functools.partial(find_tools, tools_dir, query, k))
+        except UsageError as exc:
+            raise ToolError(str(exc)) from None
+        if not matches:
+            return f"No registered tool matches {query!r}; list_mcp_servers lists them all."
+        return render_match_stubs(tools_dir, matches)
 
     @server.tool(
         description=(
