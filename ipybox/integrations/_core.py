@@ -280,6 +280,9 @@ async def drive(
                 if replay == "all" or event.decision is None:
                     decision = await decide(event, ApprovalPayload.of(event))
                     if decision.request_id is not None and decision.request_id != event.id:
+                        # Refuse the waiting call first, so the kernel is not left blocked on it while
+                        # the cancel interrupts the code.
+                        execution.answer(event.id, False, "the approval answered another execution's request")
                         execution.cancel()
                         raise ExecutionLost(
                             f"the decision answers request {decision.request_id!r}, but the execution "

@@ -17,6 +17,7 @@ from ipybox import (
     CodeExecutionChunk,
     CodeExecutionError,
     CodeExecutor,
+    ExecutionError,
     ExecutionLost,
     UsageError,
 )
@@ -145,8 +146,11 @@ async def test_a_decision_for_another_request_cancels_and_reports_lost(executor:
 
     with anyio.fail_after(30):
         outcome = await drive(execution, decide)
-    assert isinstance(outcome.error, ExecutionLost)
-    assert outcome.text.startswith("execution lost, nothing was re-run")
+        assert isinstance(outcome.error, ExecutionLost)
+        assert outcome.text.startswith("execution lost, nothing was re-run")
+        # The paused code is stopped, and the kernel is free for the next action.
+        with pytest.raises(ExecutionError):
+            await execution
 
 
 async def test_a_code_error_becomes_an_outcome_with_the_clean_traceback(executor: CodeExecutor) -> None:
