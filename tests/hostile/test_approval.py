@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -85,18 +86,19 @@ async def test_the_call_that_runs_has_exactly_the_arguments_that_were_approved(
     """The kernel mutates its argument dict, nested values included, while the approval is pending."""
     pending = module_workspace / "approval-pending"
     pending.unlink(missing_ok=True)
+    # The kernel blocks on this FIFO until the host has seen the request and writes to it.
+    os.mkfifo(pending)
     code = (
-        "import os, threading, time\n"
+        "import threading\n"
         "from ipybox_kernel import call_tool\n"
         "args = {'customer': {'name': 'Alice', 'address': {'street': 'a', 'city': 'Approved City', 'country': 'DE'}},"
         " 'items': [{'sku': 'ABC-123', 'quantity': 1, 'unit_price': 1.0}]}\n"
         "box = {}\n"
         "worker = threading.Thread(target=lambda: box.setdefault('out', call_tool('test', 'create_order', args)))\n"
         "worker.start()\n"
-        # The host marks the request as seen with a file; the kernel has no other signal from it.
-        "deadline = time.monotonic() + 30\n"
-        f"while not os.path.exists({str(pending)!r}) and time.monotonic() < deadline:\n"
-        "    time.sleep(0.01)\n"
+        # The host tells the kernel it has seen the request through a FIFO; there is no other signal.
+        f"with open({str(pending)!r}, 'rb') as fifo:\n"
+        "    fifo.read(1)\n"
         "args['customer']['address']['city'] = 'Evil City'\n"
         "args['items'][0]['quantity'] = 100\n"
         "args['priority'] = 'urgent'\n"
@@ -105,6 +107,11 @@ async def test_the_call_that_runs_has_exactly_the_arguments_that_were_approved(
         "print(box['out'].text)\n"
     )
     approved: list[dict[str, Any]] = []
+
+    def seen() -> None:
+        with pending.open("wb") as fifo:  # opens once the kernel has the FIFO open for reading
+            fifo.write(b"x")
+
     async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir, approval="ask") as ex:
         result: CodeExecutionResult | None = None
         request: ApprovalRequest | None = None
@@ -113,7 +120,7 @@ async def test_the_call_that_runs_has_exactly_the_arguments_that_were_approved(
                 if isinstance(event, ApprovalRequest):
                     request = event
                     approved.append(dict(event.tool_args))
-                    pending.write_text("now")
+                    await anyio.to_thread.run_sync(seen, abandon_on_cancel=True)
                 elif isinstance(event, CodeExecutionChunk) and "mutated" in event.text:
                     assert request is not None
                     await request.accept()
