@@ -8,7 +8,6 @@ import os
 import secrets
 import shutil
 import tempfile
-from collections import OrderedDict
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
@@ -22,12 +21,7 @@ from ._approval import Approval, ApprovalDecision, check_approval, decide_by_pol
 from ._channel import ToolRequest
 from ._config import Limits, SandboxConfig, Timeouts, check_seconds
 from ._exceptions import (
-    CodeExecutionError,
     ExecutionCancelled,
-    ExecutionLost,
-    ExecutionTimeout,
-    IpyboxError,
-    KernelDied,
     KernelStartError,
     UsageError,
 )
@@ -37,10 +31,11 @@ from ._kernel import (
     default_python,
 )
 from ._kernelhome import IMPORT_ROOT, check_bytecode, hidden_paths, kernel_env, kernel_sandbox, restore_home
+from ._keyed import KeyedExecutions
 from ._manifest import load_manifest
 from ._mcp import HttpServer, StdioServer
-from ._output import OutputCollector, clean_traceback
 from ._packages import install_package
+from ._running import run_execution
 from ._supervisor import KernelSupervisor
 from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver import ToolServer
@@ -62,9 +57,6 @@ _STRAY_CALL = (
     "thread or task it did not wait for); tool calls are only allowed from the code action that is "
     "running: join such threads or await such tasks before the code action ends"
 )
-# How many keys of released executions are remembered, so that starting one of them again is refused
-# (the code must never run twice for one key) while memory stays bounded over any number of keys.
-_RELEASED_KEYS = 4096
 
 
 class CodeExecutor:
@@ -142,9 +134,7 @@ class CodeExecutor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
         self._kernels = KernelSupervisor(self._open_kernel)
-        self._by_key: dict[str, Execution] = {}
-        # Keys of executions that ended and were forgotten, oldest first: key -> why.
-        self._released: OrderedDict[str, str] = OrderedDict()
+        self._keyed = KeyedExecutions()
         self._current: ExecutionDriver | None = None
         # The kernel's id for the running execution, which its tool calls must carry.
         self._current_msg_id: str | None = None
@@ -339,13 +329,9 @@ class CodeExecutor:
         if approval is not None:
             check_approval(approval)
         if key is not None:
-            existing = self._by_key.get(key)
+            existing = self._keyed.existing(key, code)
             if existing is not None:
-                if existing.code != code:
-                    raise UsageError(f"execution key {key!r} was already used for different code")
                 return existing
-            if key in self._released:
-                raise ExecutionLost(f"the execution with key {key!r} {self._released[key]}; it is not run again")
         execution, driver = open_execution(
             code,
             key=key,
@@ -354,8 +340,8 @@ class CodeExecutor:
             ttl=ttl,
         )
         if key is not None:
-            self._by_key[key] = execution
-            driver.on_delivered(self._release)
+            self._keyed.add(execution)
+            driver.on_delivered(self._keyed.release)
         tg.start_soon(self._drive, driver)
         return execution
 
@@ -365,26 +351,7 @@ class CodeExecutor:
         Raises:
             ExecutionLost: No execution with this key is known to this executor (any more).
         """
-        try:
-            return self._by_key[key]
-        except KeyError:
-            why = self._released.get(key)
-            if why is not None:
-                raise ExecutionLost(f"the execution with key {key!r} {why}; it is not run again") from None
-            raise ExecutionLost(
-                f"no execution with key {key!r} in this executor (it was never started here, or the "
-                "executor was restarted); it is not run again automatically"
-            ) from None
-
-    def _release(self, execution: Execution, why: str = "ended and its outcome was already delivered") -> None:
-        """Forget a keyed execution, remembering only its key (within `_RELEASED_KEYS`)."""
-        key = execution.key
-        if key is None or self._by_key.get(key) is not execution:
-            return
-        del self._by_key[key]
-        self._released[key] = why
-        while len(self._released) > _RELEASED_KEYS:
-            self._released.popitem(last=False)
+        return self._keyed.attach(key)
 
     async def _drive(self, driver: ExecutionDriver) -> None:
         with driver.cancel_scope():
@@ -401,75 +368,17 @@ class CodeExecutor:
     async def _run(self, kernel: Kernel, driver: ExecutionDriver) -> None:
         self._current, self._current_msg_id = driver, kernel.new_msg_id()
         try:
-            await self._run_current(kernel, driver, self._current_msg_id)
+            await run_execution(
+                kernel,
+                driver,
+                self._current_msg_id,
+                workspace=self.workspace,
+                output_chars=self.limits.output_chars,
+                interrupt_grace=self.timeouts.interrupt_grace,
+                on_expired=self._keyed.release,
+            )
         finally:
             self._current = self._current_msg_id = None
-
-    async def _run_current(self, kernel: Kernel, driver: ExecutionDriver, msg_id: str) -> None:
-        execution = driver.execution
-        collector = OutputCollector(self.workspace, driver, self.limits.output_chars)
-        finished = anyio.Event()
-        error: IpyboxError | None = None
-        timed_out = restarted = False
-
-        async def consume() -> None:
-            nonlocal error
-            try:
-                async for event in kernel.execute(execution.code, msg_id=msg_id):
-                    collector.add(event)
-            except KernelDied as exc:
-                error = exc
-            finally:
-                finished.set()
-
-        start = anyio.current_time()
-        try:
-            if execution.timeout is None:
-                # Nothing to watch, so no watcher task: it would cost a few event-loop turns per execution.
-                await consume()
-            else:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(consume)
-                    timed_out = not await driver.within_budget(finished)
-                    if timed_out:
-                        kernel.interrupt()
-                        with anyio.move_on_after(self.timeouts.interrupt_grace):
-                            await finished.wait()
-                        if not finished.is_set():
-                            restarted = True
-                            await kernel.kill_and_wait()
-                            tg.cancel_scope.cancel()
-        except anyio.get_cancelled_exc_class():
-            # Cancelled by Execution.cancel() or executor shutdown: stop the code, keep the kernel.
-            with anyio.CancelScope(shield=True):
-                kernel.interrupt()
-                with anyio.move_on_after(self.timeouts.interrupt_grace):
-                    await finished.wait()
-                if not finished.is_set():
-                    await kernel.kill_and_wait()
-            if execution.expired:
-                driver.fail(
-                    ExecutionCancelled(
-                        f"the execution waited for an approval longer than its ttl of {execution.ttl:g} s and "
-                        "was cancelled; the kernel was interrupted and keeps its state"
-                    )
-                )
-                self._release(execution, f"was cancelled after waiting longer than its ttl of {execution.ttl:g} s")
-            else:
-                driver.fail(ExecutionCancelled("the execution was cancelled; the kernel was interrupted"))
-            raise
-        duration = anyio.current_time() - start
-        text = collector.text()
-        if timed_out:
-            assert execution.timeout is not None
-            driver.fail(ExecutionTimeout(execution.timeout, restarted=restarted, output=text))
-        elif error is not None:
-            driver.fail(error)
-        elif collector.error is not None:
-            e = collector.error
-            driver.fail(CodeExecutionError(e.ename, e.evalue, clean_traceback(e.traceback), output=text))
-        else:
-            driver.succeed(collector.result(duration))
 
     # -- tools --------------------------------------------------------------------------
 

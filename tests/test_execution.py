@@ -18,13 +18,13 @@ from ipybox import (
     ExecutionCancelled,
     ExecutionLost,
 )
-from ipybox._executor import _RELEASED_KEYS
+from ipybox._keyed import RELEASED_KEYS
 
 pytestmark = pytest.mark.anyio
 
 WARMUP_EXECUTIONS = 200
 KEYED_EXECUTIONS = 5_000
-# Remembered keys (bounded by _RELEASED_KEYS) and allocator noise stay within a few MiB; one
+# Remembered keys (bounded by RELEASED_KEYS) and allocator noise stay within a few MiB; one
 # Execution with its log kept per key would take several times this.
 KEYED_MEMORY_GROWTH = 16 * 2**20
 
@@ -121,9 +121,9 @@ async def test_five_thousand_keyed_executions_leave_no_execution_behind_and_memo
     gc.collect()
     growth = resident() - before
     print(f"host RSS grew by {growth / 2**20:.1f} MiB over {KEYED_EXECUTIONS} keyed executions")
-    assert executor._by_key == {}
+    assert len(executor._keyed) == 0
     # Released keys are remembered within a bound, so none of them can run twice.
-    assert len(executor._released) <= _RELEASED_KEYS
+    assert len(executor._keyed._released) <= RELEASED_KEYS
     with pytest.raises(ExecutionLost, match="not run again"):
         executor.execute("pass", key=f"flat-{KEYED_EXECUTIONS - 1}")
     assert growth < KEYED_MEMORY_GROWTH, f"host RSS grew by {growth / 2**20:.1f} MiB"
