@@ -1,12 +1,6 @@
-"""ipybox as an OpenAI Agents SDK tool: one code action, its MCP calls approved on the run.
+"""The interrupting shape of the OpenAI Agents tool: MCP approvals as the outer run's interruptions.
 
-``ipybox_tool(executor)`` returns a `FunctionTool` for an `Agent`. By default each MCP call the code
-makes surfaces as an entry of ``result.interruptions``, named ``server__tool`` with the call's
-arguments, and is answered the way SDK users know: ``state.approve(item)`` (``always_approve=True``
-too), ``state.reject(item, rejection_message=...)``, then ``Runner.run(agent, state)``. The code waits,
-paused, in the kernel meanwhile; the `RunState` can be serialised and restored.
-
-How: the SDK has no way for a running function tool to ask for approval, but it does surface the
+The SDK has no way for a running function tool to ask for approval, but it does surface the
 approvals of a nested agent run as the outer run's interruptions, and resumes the nested run from the
 outer `RunState` (`Agent.as_tool`). So the code action is a nested agent whose "model" drives the
 kernel: the first model call starts the execution, each approval request becomes a call of a
@@ -15,25 +9,21 @@ run's final message. (A new call runs its code directly and hands over to the ne
 the code asks for its first approval: code without MCP calls costs no nested run.) The execution's
 key lives in those nested call ids, which the `RunState` keeps, so a resumed run re-attaches to the
 same paused execution and a resume whose execution is gone reports "execution lost" and runs
-nothing. `tests/integrations/test_openai_agents.py` pins the
-SDK behaviour this relies on.
+nothing. `tests/integrations/test_openai_agents.py` pins the SDK behaviour this relies on.
 """
 
 from __future__ import annotations
 
-import ast
-import base64
 import contextvars
-import inspect
 import json
 import re
 import secrets
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeAlias, cast
+from typing import Any, cast
 
 import anyio
 from agents import (
@@ -44,63 +34,26 @@ from agents import (
     ModelSettings,
     ModelTracing,
     RunConfig,
-    RunContextWrapper,
     RunResult,
     RunResultStreaming,
     ToolOutputImage,
     ToolOutputText,
     Usage,
-    function_tool,
 )
 from agents.agent_tool_state import get_agent_tool_state_scope, peek_agent_tool_run_result
 from agents.items import TResponseInputItem, TResponseStreamEvent
 from agents.models.interface import Model
 from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from ipybox import (
-    ApprovalDecision,
-    ApprovalRequest,
-    CodeExecutionChunk,
-    CodeExecutor,
-    Execution,
-    ExecutionLost,
-    UsageError,
-)
+from ipybox import ApprovalRequest, CodeExecutor, Execution, ExecutionLost, UsageError
+from ipybox.integrations._core import ActionOutcome, ApprovalPayload, Decision, drive, start_or_attach
+from ipybox_kernel._search import tool_index
 
-from ._core import (
-    DEFAULT_TTL,
-    TOOL_NAME,
-    ActionOutcome,
-    ApprovalPayload,
-    Decision,
-    drive,
-    start_or_attach,
-    tool_instructions,
-)
+from ._shared import CodeArgs, NeedsApproval, OutputHandler, output_sink, tool_output
 
-__all__ = (
-    "ApprovalHandler",
-    "NeedsApproval",
-    "OutputHandler",
-    "ipybox_tool",
-    "tool_instructions",
-)
-
-ApprovalHandler: TypeAlias = Callable[
-    [RunContextWrapper[Any], ApprovalRequest],
-    "bool | Decision | ApprovalDecision | Awaitable[bool | Decision | ApprovalDecision]",
-]
-"""Decides one MCP call while the tool waits: ``(run context, request) -> approved?``. The run context
-is the tool's (``ctx.context`` is the application's context object, ``ctx.tool_call_id`` the call)."""
-
-OutputHandler: TypeAlias = Callable[[ToolContext[Any], CodeExecutionChunk], "Awaitable[None] | None"]
-"""Receives the code's output while it runs, each chunk once, with the tool's context."""
-
-NeedsApproval: TypeAlias = bool | Callable[[RunContextWrapper[Any], dict[str, Any], str], Awaitable[bool]]
-"""The SDK's own ``needs_approval``: the code action as a whole waits for approval before it runs;
-a callable gets ``(run context, {"code": ...}, call id)``."""
+__all__ = ("interrupting_tool",)
 
 _KEY_PREFIX = "openai-agents:"
 # Separates the execution key from the request id in a nested call id ("<key>|<request id>").
@@ -112,8 +65,6 @@ _MAX_MCP_CALLS = 10_000
 _OUTCOMES = 1_000
 # Outer tool call ids remembered as handed over to a nested run: only ids, oldest dropped first.
 _HANDED_OVER = 10_000
-# Images a vision model reads; others (SVG) stay a path in the text.
-_VISIBLE_IMAGES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 # OpenAI tool names: letters, digits, '_' and '-', at most 64.
 _NAME_LIMIT = 64
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -127,143 +78,7 @@ _tool_context: contextvars.ContextVar[ToolContext[Any] | None] = contextvars.Con
 )
 
 
-def ipybox_tool(
-    executor: CodeExecutor,
-    *,
-    approval: Literal["interrupt"] | ApprovalHandler | None = "interrupt",
-    needs_approval: NeedsApproval = False,
-    on_output: OutputHandler | None = None,
-    name: str = TOOL_NAME,
-    description: str | None = None,
-    ttl: float | None = DEFAULT_TTL,
-    timeout: float | None = None,
-) -> FunctionTool:
-    """A function tool that runs the model's Python code in the executor's kernel.
-
-    Args:
-        executor: A started `CodeExecutor`; its generated MCP tools are what the code may call.
-        approval: How the MCP calls of the running code are approved:
-            ``"interrupt"`` (default): each call is an entry of ``result.interruptions`` named
-            ``server__tool``, answered on the `RunState`; the execution waits (at most ``ttl``
-            seconds) while the run is interrupted;
-            a callable (`ApprovalHandler`): called for each call while the tool waits, with no
-            interruption;
-            None: the executor's own policy (``ApprovalRules``, a callback, ``"auto"``); calls it
-            leaves to be asked are rejected.
-        needs_approval: Review the code before it runs: the SDK's ``needs_approval`` on this tool.
-        on_output: Gets the code's output as it is printed, with the tool's context (the SDK has no
-            custom tool events; put a queue or a websocket on your run context).
-        name: The tool's name.
-        description: The tool's description; default: `tool_instructions` with the typed stubs of
-            the executor's generated tools.
-        ttl: Seconds a code action may wait for an approval before it is cancelled.
-        timeout: Seconds the code may run (time waiting for approvals not counted); None: the
-            executor's default.
-
-    Returns:
-        The tool. Its output is the code's text output (a clean traceback when it raised), plus the
-        PNG, JPEG, GIF or WebP images it displayed as `ToolOutputImage` parts the model can see.
-    """
-    if description is None:
-        description = tool_instructions(executor.tools_dir)
-    if approval == "interrupt":
-        return _interrupting_tool(
-            executor,
-            name=name,
-            description=description,
-            needs_approval=needs_approval,
-            on_output=on_output,
-            ttl=ttl,
-            timeout=timeout,
-        )
-    if approval is not None and not callable(approval):
-        raise UsageError(f"approval must be 'interrupt', a callable or None, got {approval!r}")
-    return _waiting_tool(
-        executor,
-        approval,
-        name=name,
-        description=description,
-        needs_approval=needs_approval,
-        on_output=on_output,
-        timeout=timeout,
-    )
-
-
-def _waiting_tool(
-    executor: CodeExecutor,
-    handler: ApprovalHandler | None,
-    *,
-    name: str,
-    description: str,
-    needs_approval: NeedsApproval,
-    on_output: OutputHandler | None,
-    timeout: float | None,
-) -> FunctionTool:
-    """The tool without interruptions: the handler (or the executor's policy) decides while it waits."""
-
-    async def execute_code(ctx: ToolContext[Any], code: str) -> str | list[ToolOutputText | ToolOutputImage]:
-        """Run Python code in the sandboxed kernel.
-
-        Args:
-            code: The Python code to run.
-        """
-
-        async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
-            if handler is None:
-                return Decision.reject(
-                    f"nobody can approve {payload.name} here: the application set no approval for this tool"
-                )
-            answer = handler(ctx, request)
-            if inspect.isawaitable(answer):
-                answer = await answer
-            if isinstance(answer, ApprovalDecision):
-                return Decision(approved=answer.approved, message=answer.reason)
-            return Decision.parse(answer)
-
-        # No key: nothing comes back to this execution, so a cancelled tool call cancels it.
-        execution = executor.execute(code, approval="ask" if handler is not None else None, timeout=timeout)
-        outcome = await drive(execution, decide, on_output=_output_sink(on_output, ctx))
-        return _tool_output(outcome)
-
-    return function_tool(
-        execute_code,
-        name_override=name,
-        description_override=description,
-        needs_approval=needs_approval,
-    )
-
-
-def _output_sink(
-    on_output: OutputHandler | None, ctx: ToolContext[Any] | None
-) -> Callable[[CodeExecutionChunk], Awaitable[None]] | None:
-    if on_output is None or ctx is None:
-        return None
-
-    async def sink(chunk: CodeExecutionChunk) -> None:
-        shown = on_output(ctx, chunk)
-        if shown is not None:
-            await shown
-
-    return sink
-
-
-def _tool_output(outcome: ActionOutcome) -> str | list[ToolOutputText | ToolOutputImage]:
-    images = [image for image in outcome.images if image.mime in _VISIBLE_IMAGES]
-    if not images:
-        return outcome.text
-    parts: list[ToolOutputText | ToolOutputImage] = [ToolOutputText(text=outcome.text)]
-    for image in images:
-        url = f"data:{image.mime};base64,{base64.b64encode(image.data).decode('ascii')}"
-        parts.append(ToolOutputImage(image_url=url))
-    return parts
-
-
-class _CodeArgs(BaseModel):
-    code: str
-    """The Python code to run."""
-
-
-def _interrupting_tool(
+def interrupting_tool(
     executor: CodeExecutor,
     *,
     name: str,
@@ -296,7 +111,7 @@ def _interrupting_tool(
         run_config=RunConfig(model=driver, workflow_name="ipybox code action"),
         max_turns=_MAX_MCP_CALLS,
         needs_approval=needs_approval,
-        parameters=_CodeArgs,
+        parameters=CodeArgs,
         input_builder=lambda data: str(data.get("params", {})["code"]),
     )
     invoke = tool.on_invoke_tool
@@ -312,7 +127,7 @@ def _interrupting_tool(
             # the SDK's CPU) only when it asks for an approval.
             key, step = await driver.begin(code)
             if isinstance(step, ActionOutcome):
-                return _tool_output(step)
+                return tool_output(step)
             _handed_over[ctx.tool_call_id] = None
             while len(_handed_over) > _HANDED_OVER:
                 _handed_over.popitem(last=False)
@@ -341,7 +156,7 @@ def _fresh_code(ctx: ToolContext[Any], arguments: str) -> str | None:
     if peek_agent_tool_run_result(ctx.tool_call, scope_id=get_agent_tool_state_scope(ctx)) is not None:
         return None
     try:
-        return _CodeArgs.model_validate_json(arguments).code
+        return CodeArgs.model_validate_json(arguments).code
     except ValidationError:
         return None
 
@@ -351,33 +166,12 @@ def _call_name(server: str, tool: str) -> str:
 
 
 def _call_names(tools_dir: Path | None) -> dict[str, tuple[str, str]]:
-    """``server__tool`` → (name, description) for every generated tool module under ``tools_dir``.
-
-    Read with `ast` from the generated files (each calls ``ipybox_kernel.call_tool(server, tool, ...)``);
-    nothing is imported.
-    """
-    calls: dict[str, tuple[str, str]] = {}
+    """``server__tool`` → (name, description) for every generated tool under ``tools_dir``, from the
+    tool search's index (read from the generated files; nothing is imported)."""
     if tools_dir is None or not tools_dir.is_dir():
-        return calls
-    for module in sorted(tools_dir.glob("*/*.py")):
-        if module.name == "__init__.py":
-            continue
-        try:
-            tree = ast.parse(module.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, OSError):
-            continue
-        for node in ast.walk(tree):
-            match node:
-                case ast.Call(
-                    func=ast.Attribute(attr="call_tool"),
-                    args=[ast.Constant(value=str(server)), ast.Constant(value=str(tool)), *_],
-                ):
-                    summary = (ast.get_docstring(tree) or "").split("\n", 1)[0]
-                    calls[_call_name(server, tool)] = (f"{server}.{tool}", summary)
-                    break
-                case _:
-                    pass
-    return calls
+        return {}
+    entries = tool_index(tools_dir).entries
+    return {_call_name(e.server, e.tool): (f"{e.server}.{e.tool}", e.description) for e in entries}
 
 
 def _approval_gate(executor: CodeExecutor, call_name: str, description: str) -> FunctionTool:
@@ -533,7 +327,7 @@ class _KernelDriver(Model):
 
     async def _advance(self, key: str, execution: Execution) -> ActionOutcome | ApprovalPayload:
         """Run the execution on to its next approval request for the run, or its end."""
-        sink = _output_sink(self._on_output, _tool_context.get())
+        sink = output_sink(self._on_output, _tool_context.get())
         while True:
             try:
                 return await drive(execution, _ask, on_output=sink)
@@ -575,7 +369,7 @@ class _KernelDriver(Model):
             if isinstance(item, MessageOutputItem):
                 outcome = self._outcomes.pop(str(item.raw_item.id), None)
                 if outcome is not None:
-                    return _tool_output(outcome)
+                    return tool_output(outcome)
         return str(result.final_output)
 
     def stream_response(

@@ -1,0 +1,147 @@
+"""ipybox as an OpenAI Agents SDK tool: one code action, its MCP calls approved on the run.
+
+``ipybox_tool(executor)`` returns a `FunctionTool` for an `Agent`. By default each MCP call the code
+makes surfaces as an entry of ``result.interruptions``, named ``server__tool`` with the call's
+arguments, and is answered the way SDK users know: ``state.approve(item)`` (``always_approve=True``
+too), ``state.reject(item, rejection_message=...)``, then ``Runner.run(agent, state)``. The code waits,
+paused, in the kernel meanwhile; the `RunState` can be serialised and restored.
+
+The code action's approvals can also be decided while the tool waits, by a handler, with no
+interruption (``approval=handler``), or by the executor's own policy (``approval=None``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeAlias
+
+from agents import FunctionTool, RunContextWrapper, ToolOutputImage, ToolOutputText, function_tool
+from agents.tool_context import ToolContext
+
+from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutor, UsageError
+from ipybox.integrations._core import DEFAULT_TTL, TOOL_NAME, ApprovalPayload, Decision, drive, tool_instructions
+
+from ._nested import interrupting_tool
+from ._shared import NeedsApproval, OutputHandler, output_sink, tool_output
+
+__all__ = (
+    "ApprovalHandler",
+    "NeedsApproval",
+    "OutputHandler",
+    "ipybox_tool",
+    "tool_instructions",
+)
+
+ApprovalHandler: TypeAlias = Callable[
+    [RunContextWrapper[Any], ApprovalRequest],
+    "bool | Decision | ApprovalDecision | Awaitable[bool | Decision | ApprovalDecision]",
+]
+"""Decides one MCP call while the tool waits: ``(run context, request) -> approved?``. The run context
+is the tool's (``ctx.context`` is the application's context object, ``ctx.tool_call_id`` the call)."""
+
+
+def ipybox_tool(
+    executor: CodeExecutor,
+    *,
+    approval: Literal["interrupt"] | ApprovalHandler | None = "interrupt",
+    needs_approval: NeedsApproval = False,
+    on_output: OutputHandler | None = None,
+    name: str = TOOL_NAME,
+    description: str | None = None,
+    ttl: float | None = DEFAULT_TTL,
+    timeout: float | None = None,
+) -> FunctionTool:
+    """A function tool that runs the model's Python code in the executor's kernel.
+
+    Args:
+        executor: A started `CodeExecutor`; its generated MCP tools are what the code may call.
+        approval: How the MCP calls of the running code are approved:
+            ``"interrupt"`` (default): each call is an entry of ``result.interruptions`` named
+            ``server__tool``, answered on the `RunState`; the execution waits (at most ``ttl``
+            seconds) while the run is interrupted;
+            a callable (`ApprovalHandler`): called for each call while the tool waits, with no
+            interruption;
+            None: the executor's own policy (``ApprovalRules``, a callback, ``"auto"``); calls it
+            leaves to be asked are rejected.
+        needs_approval: Review the code before it runs: the SDK's ``needs_approval`` on this tool.
+        on_output: Gets the code's output as it is printed, with the tool's context (the SDK has no
+            custom tool events; put a queue or a websocket on your run context).
+        name: The tool's name.
+        description: The tool's description; default: `tool_instructions` with the typed stubs of
+            the executor's generated tools.
+        ttl: Seconds a code action may wait for an approval before it is cancelled.
+        timeout: Seconds the code may run (time waiting for approvals not counted); None: the
+            executor's default.
+
+    Returns:
+        The tool. Its output is the code's text output (a clean traceback when it raised), plus the
+        PNG, JPEG, GIF or WebP images it displayed as `ToolOutputImage` parts the model can see.
+    """
+    if description is None:
+        description = tool_instructions(executor.tools_dir)
+    if approval == "interrupt":
+        return interrupting_tool(
+            executor,
+            name=name,
+            description=description,
+            needs_approval=needs_approval,
+            on_output=on_output,
+            ttl=ttl,
+            timeout=timeout,
+        )
+    if approval is not None and not callable(approval):
+        raise UsageError(f"approval must be 'interrupt', a callable or None, got {approval!r}")
+    return _waiting_tool(
+        executor,
+        approval,
+        name=name,
+        description=description,
+        needs_approval=needs_approval,
+        on_output=on_output,
+        timeout=timeout,
+    )
+
+
+def _waiting_tool(
+    executor: CodeExecutor,
+    handler: ApprovalHandler | None,
+    *,
+    name: str,
+    description: str,
+    needs_approval: NeedsApproval,
+    on_output: OutputHandler | None,
+    timeout: float | None,
+) -> FunctionTool:
+    """The tool without interruptions: the handler (or the executor's policy) decides while it waits."""
+
+    async def execute_code(ctx: ToolContext[Any], code: str) -> str | list[ToolOutputText | ToolOutputImage]:
+        """Run Python code in the sandboxed kernel.
+
+        Args:
+            code: The Python code to run.
+        """
+
+        async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+            if handler is None:
+                return Decision.reject(
+                    f"nobody can approve {payload.name} here: the application set no approval for this tool"
+                )
+            answer = handler(ctx, request)
+            if inspect.isawaitable(answer):
+                answer = await answer
+            if isinstance(answer, ApprovalDecision):
+                return Decision(approved=answer.approved, message=answer.reason)
+            return Decision.parse(answer)
+
+        # No key: nothing comes back to this execution, so a cancelled tool call cancels it.
+        execution = executor.execute(code, approval="ask" if handler is not None else None, timeout=timeout)
+        outcome = await drive(execution, decide, on_output=output_sink(on_output, ctx))
+        return tool_output(outcome)
+
+    return function_tool(
+        execute_code,
+        name_override=name,
+        description_override=description,
+        needs_approval=needs_approval,
+    )
