@@ -26,6 +26,7 @@ import os
 import re
 import threading
 from collections import Counter, OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,8 +215,10 @@ class ToolIndex:
                 postings.setdefault(term, []).append((number, idf * tf / (_K1 + tf)))
         return postings
 
-    def search(self, query: str, k: int = 5) -> list[ToolMatch]:
+    def search(self, query: str, k: int = 5, *, servers: Collection[str] | None = None) -> list[ToolMatch]:
         """The `k` tools that best match `query`, best first; tools matching no word are left out.
+
+        With `servers` (server or package names), only those servers' tools are ranked.
 
         Raises:
             ValueError: `query` has no words to search for, or `k` is below 1.
@@ -229,9 +232,15 @@ class ToolIndex:
         for term in dict.fromkeys(words):
             for number, weight in self._postings.get(term, ()):
                 scores[number] = scores.get(number, 0.0) + weight
+        if servers is not None:
+            scores = {n: score for n, score in scores.items() if self._in(self.entries[n], servers)}
         # Ties go to the catalogue's order (server, then module), so results are stable.
         best = heapq.nsmallest(k, scores.items(), key=lambda item: (-item[1], item[0]))
         return [ToolMatch(**vars(self.entries[number]), score=round(score, 4)) for number, score in best]
+
+    @staticmethod
+    def _in(entry: _Entry, servers: Collection[str]) -> bool:
+        return entry.server in servers or entry.module.rsplit(".", 2)[-2] in servers
 
 
 def _signature(root: Path) -> tuple[tuple[str, int, int], ...]:

@@ -48,7 +48,9 @@ def _index(root_dir: Path | str) -> ToolIndex:
         raise UsageError(f"{exc.filename!r} is not valid Python ({exc.msg}); generate its server again") from None
 
 
-def search_tools(root_dir: Path | str, query: str, k: int = 5) -> list[ToolMatch]:
+def search_tools(
+    root_dir: Path | str, query: str, k: int = 5, *, servers: Sequence[str] | None = None
+) -> list[ToolMatch]:
     """Find the generated tools that best match a task described in plain words.
 
     Ranks by BM25F over tool names (snake and camel case split), descriptions and parameter
@@ -60,6 +62,7 @@ def search_tools(root_dir: Path | str, query: str, k: int = 5) -> list[ToolMatch
         root_dir: The tools directory `generate_mcp_sources` wrote to.
         query: What the tool should do ("list open issues with a label").
         k: How many matches at most.
+        servers: Only these servers' tools (server names or package names); all when None.
 
     Returns:
         The best matches first; tools that share no word with the query are left out.
@@ -70,7 +73,7 @@ def search_tools(root_dir: Path | str, query: str, k: int = 5) -> list[ToolMatch
     """
     index = _index(root_dir)
     try:
-        return index.search(query, k)
+        return index.search(query, k, servers=None if servers is None else frozenset(servers))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -89,27 +92,38 @@ def render_match_stubs(root_dir: Path | str, matches: Sequence[ToolMatch]) -> st
     return "\n".join(render_tool_stubs(root_dir, servers=[s], tools=tools) for s, tools in by_server.items())
 
 
-def render_tool_summary(root_dir: Path | str) -> str:
+def render_tool_summary(root_dir: Path | str, *, servers: Sequence[str] | None = None) -> str:
     """A compact catalogue for prompts: per server its import path and tool module names.
 
     Two header lines say how to import a tool and how kernel code finds tools by search; then
     one line per server. Only identifiers (package and module names) are listed, never text a
     server wrote, so a tool cannot add lines or instructions to it.
 
+    Args:
+        root_dir: The tools directory `generate_mcp_sources` wrote to.
+        servers: Only these servers (server names or package names); all when None.
+
     Raises:
         UsageError: `root_dir` is not a directory or holds a module that does not parse.
     """
+    if isinstance(servers, str):
+        raise UsageError(f"servers takes a list of names, got the string {servers!r}; pass [{servers!r}]")
     index = _index(root_dir)
     package = index.package
-    servers = [(p, modules) for _, p, modules in index.servers if modules]
-    total = sum(len(modules) for _, modules in servers)
+    wanted = None if servers is None else set(servers)
+    listed = [
+        (p, modules)
+        for name, p, modules in index.servers
+        if modules and (wanted is None or name in wanted or p in wanted)
+    ]
+    total = sum(len(modules) for _, modules in listed)
     lines = [
-        f"# MCP tools: {len(servers)} servers, {total} tools, one module per tool: "
+        f"# MCP tools: {len(listed)} servers, {total} tools, one module per tool: "
         f"`from {package}.<server> import <tool>`, then `<tool>.run(<tool>.Params(...))`.",
         '# Find tools by what they do: `from ipybox_kernel import search_tools; search_tools("<task>", k=5)` '
         "lists the best matches (module, one-line description); `help(<tool>)` shows a module's Params and run().",
     ]
-    lines.extend(f"{package}.{p}: {', '.join(modules)}" for p, modules in servers)
+    lines.extend(f"{package}.{p}: {', '.join(modules)}" for p, modules in listed)
     return "\n".join(lines) + "\n"
 
 
@@ -123,6 +137,7 @@ def render_tool_catalogue(
     *,
     mode: CatalogueMode | Literal["auto"] = "auto",
     limit: int = STUBS_PROMPT_LIMIT,
+    servers: Sequence[str] | None = None,
 ) -> tuple[CatalogueMode, str]:
     """The tools for a prompt: all stubs while they are small, else the summary.
 
@@ -130,6 +145,7 @@ def render_tool_catalogue(
         root_dir: The tools directory `generate_mcp_sources` wrote to.
         mode: ``"auto"`` picks by size (`catalogue_mode`); ``"stubs"`` or ``"summary"`` forces one.
         limit: The size in characters up to which ``"auto"`` gives the stubs.
+        servers: Only these servers (server names or package names); all when None.
 
     Returns:
         The mode used, and the text. In ``"summary"`` mode, tell the model how to get stubs (a
@@ -139,7 +155,7 @@ def render_tool_catalogue(
         UsageError: `root_dir` is not a directory or holds a module that does not parse.
     """
     if mode == "summary":
-        return "summary", render_tool_summary(root_dir)
-    stubs = render_tool_stubs(root_dir)
+        return "summary", render_tool_summary(root_dir, servers=servers)
+    stubs = render_tool_stubs(root_dir, servers=servers)
     chosen = catalogue_mode(stubs, limit=limit) if mode == "auto" else mode
-    return (chosen, stubs) if chosen == "stubs" else (chosen, render_tool_summary(root_dir))
+    return (chosen, stubs) if chosen == "stubs" else (chosen, render_tool_summary(root_dir, servers=servers))

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
+
+import anyio
 
 from ipybox import (
     Approval,
@@ -32,16 +34,22 @@ from ipybox import (
     IpyboxError,
     KernelError,
     UsageError,
-    render_tool_stubs,
 )
+from ipybox.codegen._search import CatalogueMode, render_match_stubs, render_tool_catalogue, search_tools
 
 __all__ = (
     "DEFAULT_TTL",
+    "SEARCH_TOOL_DESCRIPTION",
+    "SEARCH_TOOL_NAME",
     "TOOL_NAME",
     "ActionOutcome",
     "ApprovalPayload",
+    "Catalogue",
     "Decision",
+    "ToolText",
+    "describe_tools",
     "drive",
+    "search_stubs",
     "start_or_attach",
     "tool_instructions",
 )
@@ -64,12 +72,84 @@ _TOOLS_GUIDE = """ Call the tools below from the code through their generated mo
 (`from mcptools.<server> import <tool>`, then `<tool>.run(<tool>.Params(...))`, or \
 `await <tool>.arun(...)` to run several at once with asyncio.gather). Each call may wait for a \
 person's approval; a refused call raises `ipybox_kernel.ToolCallRejected`, which the code can \
-catch. Process tool results in Python and print only what matters.
+catch. Process tool results in Python and print only what matters.{search}
 
-{stubs}"""
+{catalogue}"""
+
+_SEARCH_GUIDE = """ There are too many tools to show their signatures here, so only servers and \
+tool names are listed: before calling a tool, call the `{name}` tool with what you need done; it \
+returns the typed stubs (Params, Result, run) of the best-matching tools."""
+
+_CODE_SEARCH_GUIDE = """ There are too many tools to show their signatures here, so only servers \
+and tool names are listed: find tools and read their signatures in code first, as the list says."""
+
+Catalogue = Literal["auto", "stubs", "summary"]
+"""What the instructions show of the generated tools: ``"stubs"`` every tool's typed stub,
+``"summary"`` only servers and tool names (the model gets stubs by search), ``"auto"`` the stubs
+while they fit `STUBS_PROMPT_LIMIT` characters, else the summary."""
+
+SEARCH_TOOL_NAME = "search_tools"
+SEARCH_TOOL_DESCRIPTION = (
+    "Find the MCP tools the code can call by what they should do (e.g. 'weather forecast for a city'). "
+    "Returns the typed Python stubs (Params, Result, run) of the best matches, to use in execute_code."
+)
+_SUMMARY_HEADER_LINES = 2
+# Matches one search returns at most: 20 stubs are a few thousand characters.
+SEARCH_LIMIT = 20
 
 
-def tool_instructions(tools_dir: Path | str | None, *, servers: list[str] | None = None) -> str:
+@dataclass(frozen=True)
+class ToolText:
+    """The instructions for a code-action tool, and what they show of the generated tools."""
+
+    text: str
+    catalogue: CatalogueMode | None
+    """``"stubs"`` or ``"summary"``; None when there are no generated tools."""
+
+    @property
+    def needs_search(self) -> bool:
+        """Whether the model needs a search tool to read the stubs of the tools it calls."""
+        return self.catalogue == "summary"
+
+
+def describe_tools(
+    tools_dir: Path | str | None,
+    *,
+    servers: Sequence[str] | None = None,
+    catalogue: Catalogue = "auto",
+    search_tool: str | None = None,
+) -> ToolText:
+    """`tool_instructions`' text, with the catalogue mode it chose (adapters offer a search tool
+    next to the code tool when it is ``"summary"``).
+
+    Args:
+        tools_dir: Where `generate_mcp_sources` wrote the tool packages.
+        servers: Only these servers' tools (all when None).
+        catalogue: What to show of the tools (see `Catalogue`).
+        search_tool: The name of the search tool the model has next to this one; the summary
+            points to it. None: the summary points to the search in kernel code.
+    """
+    if catalogue not in ("auto", "stubs", "summary"):
+        raise UsageError(f"catalogue must be 'auto', 'stubs' or 'summary', got {catalogue!r}")
+    if tools_dir is None or not Path(tools_dir).is_dir():
+        return ToolText(_GUIDE.format(tools=""), None)
+    mode, listing = render_tool_catalogue(tools_dir, mode=catalogue, servers=servers)
+    # A summary has two header lines and then a line per server with tools.
+    if not listing.strip() or (mode == "summary" and len(listing.splitlines()) <= _SUMMARY_HEADER_LINES):
+        return ToolText(_GUIDE.format(tools=""), None)
+    search = ""
+    if mode == "summary":
+        search = _SEARCH_GUIDE.format(name=search_tool) if search_tool else _CODE_SEARCH_GUIDE
+    tools = _TOOLS_GUIDE.format(search=search, catalogue=listing.strip())
+    return ToolText(_GUIDE.format(tools=tools), mode)
+
+
+def tool_instructions(
+    tools_dir: Path | str | None,
+    *,
+    servers: list[str] | None = None,
+    catalogue: Catalogue = "auto",
+) -> str:
     """How a model should use the code-action tool, with the typed stubs of the generated MCP tools.
 
     The same text serves as the tool's description or as part of a system prompt. It changes only
@@ -79,11 +159,31 @@ def tool_instructions(tools_dir: Path | str | None, *, servers: list[str] | None
         tools_dir: Where `generate_mcp_sources` wrote the tool packages (None or a missing or empty
             directory: the text describes the kernel alone).
         servers: Only these servers' tools (all when None).
+        catalogue: ``"auto"`` (default): every tool's stub while they fit 32,000 characters, else only
+            servers and tool names; ``"stubs"`` or ``"summary"`` forces one. In the summary the model
+            finds tools and their signatures by search in kernel code.
     """
-    stubs = ""
-    if tools_dir is not None and Path(tools_dir).is_dir():
-        stubs = render_tool_stubs(tools_dir, servers=servers).strip()
-    return _GUIDE.format(tools=_TOOLS_GUIDE.format(stubs=stubs) if stubs else "")
+    return describe_tools(tools_dir, servers=servers, catalogue=catalogue).text
+
+
+async def search_stubs(tools_dir: Path | None, query: str, k: int = 5, *, servers: Sequence[str] | None = None) -> str:
+    """What a search tool answers the model: the stubs of the tools that best match `query`, or
+    why there are none (a text, never an exception: the model reads it and asks again)."""
+    k = min(max(k, 1), SEARCH_LIMIT)
+
+    def find() -> str:
+        if tools_dir is None or not tools_dir.is_dir():
+            return "No MCP tools are generated for this kernel."
+        matches = search_tools(tools_dir, query, k, servers=servers)
+        if not matches:
+            return f"No tool matches {query!r}; describe what the tool should do in other words."
+        return render_match_stubs(tools_dir, matches)
+
+    try:
+        # Reads the generated modules the first time: off the event loop.
+        return await anyio.to_thread.run_sync(find)
+    except UsageError as exc:
+        return f"search failed: {exc}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -39,20 +39,25 @@ from langgraph.types import interrupt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutor, Execution, ExecutionLost, IpyboxError, UsageError
+from ipybox.codegen._search import CatalogueMode
 
 from ._core import (
     DEFAULT_TTL,
+    SEARCH_TOOL_DESCRIPTION,
+    SEARCH_TOOL_NAME,
     TOOL_NAME,
     ActionOutcome,
     ApprovalPayload,
+    Catalogue,
     Decide,
     Decision,
+    describe_tools,
     drive,
+    search_stubs,
     start_or_attach,
-    tool_instructions,
 )
 
-__all__ = ("IpyboxTool", "McpApprovalRequest", "McpDecision", "OutputEvent")
+__all__ = ("IpyboxSearchTool", "IpyboxTool", "McpApprovalRequest", "McpDecision", "OutputEvent", "ipybox_tools")
 
 # Channels of a task's saved writes once it raised an interrupt, or was resumed from one (the names
 # the graph output's "__interrupt__" key also uses).
@@ -151,6 +156,9 @@ class IpyboxTool(BaseTool):
     what to put in a system prompt instead when the description is kept short."""
     ttl: float | None = DEFAULT_TTL
     timeout: float | None = None
+    catalogue_mode: CatalogueMode | None = None
+    """What `instructions` show of the generated tools: ``"stubs"``, ``"summary"`` (servers and tool
+    names; the model needs `IpyboxSearchTool` or the kernel's search for signatures), None (no tools)."""
 
     def __init__(
         self,
@@ -161,6 +169,8 @@ class IpyboxTool(BaseTool):
         servers: Sequence[str] | None = None,
         ttl: float | None = DEFAULT_TTL,
         timeout: float | None = None,
+        catalogue: Catalogue = "auto",
+        search_tool: str | None = None,
         **kwargs: Any,
     ) -> None:
         """Create the tool.
@@ -176,16 +186,22 @@ class IpyboxTool(BaseTool):
                 (None: no limit). A resume after that reports the execution as lost.
             timeout: Seconds the code may run, not counting approval waits (None: the
                 executor's ``timeouts.execution``).
+            catalogue: What `instructions` show of the tools: ``"auto"`` (default) every tool's
+                stub while they fit 32,000 characters, else only servers and tool names;
+                ``"stubs"`` or ``"summary"`` forces one.
+            search_tool: The name of an `IpyboxSearchTool` the model also has; a summary points
+                to it (else to the search in kernel code). `ipybox_tools` sets it.
             **kwargs: Other `BaseTool` fields (``tags``, ``metadata``, ``callbacks``...).
         """
-        instructions = tool_instructions(executor.tools_dir, servers=None if servers is None else list(servers))
+        text = describe_tools(executor.tools_dir, servers=servers, catalogue=catalogue, search_tool=search_tool)
         super().__init__(
             executor=executor,
             name=name,
-            description=instructions if description is None else description,
-            instructions=instructions,
+            description=text.text if description is None else description,
+            instructions=text.text,
             ttl=ttl,
             timeout=timeout,
+            catalogue_mode=text.catalogue,
             **kwargs,
         )
 
@@ -243,6 +259,53 @@ class IpyboxTool(BaseTool):
                     "here (the executor was replaced, its ttl passed, or it ran in another process)"
                 ) from None
         return start_or_attach(self.executor, key, code, approval="ask", ttl=self.ttl, timeout=self.timeout)
+
+
+class _SearchArgs(BaseModel):
+    query: str = Field(description="What the tool should do, in words.")
+    k: int = Field(default=5, description="How many tools to return.", ge=1, le=20)
+
+
+class IpyboxSearchTool(BaseTool):
+    """Finds generated MCP tools by what they should do and returns their typed stubs.
+
+    Give it to the model next to an `IpyboxTool` whose instructions show only the catalogue's
+    summary (`ipybox_tools` does). It reads the tools directory only: no approval, no kernel.
+    """
+
+    name: str = SEARCH_TOOL_NAME
+    description: str = SEARCH_TOOL_DESCRIPTION
+    args_schema: type[BaseModel] = _SearchArgs  # pyright: ignore[reportIncompatibleVariableOverride]
+    executor: CodeExecutor
+    servers: list[str] | None = None
+    """Search only these servers' tools (all when None)."""
+
+    def _run(self, *args: object, **kwargs: object) -> NoReturn:
+        raise UsageError(f"{type(self).__name__} runs asynchronously only: call 'await tool.ainvoke(...)'")
+
+    async def _arun(self, query: str, k: int = 5) -> str:
+        return await search_stubs(self.executor.tools_dir, query, k, servers=self.servers)
+
+
+def ipybox_tools(
+    executor: CodeExecutor,
+    *,
+    catalogue: Catalogue = "auto",
+    servers: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[BaseTool]:
+    """The code tool, and with it an `IpyboxSearchTool` when its instructions show only the summary.
+
+    Args:
+        executor: Runs the code (see `IpyboxTool`).
+        catalogue: ``"auto"``, ``"stubs"`` or ``"summary"`` (see `IpyboxTool`).
+        servers: Only these MCP servers' tools, in the instructions and the search.
+        **kwargs: Other `IpyboxTool` arguments.
+    """
+    code = IpyboxTool(executor=executor, catalogue=catalogue, servers=servers, search_tool=SEARCH_TOOL_NAME, **kwargs)
+    if code.catalogue_mode != "summary":
+        return [code]
+    return [code, IpyboxSearchTool(executor=executor, servers=None if servers is None else list(servers))]
 
 
 def _paused_map() -> weakref.WeakKeyDictionary[Execution, str]:

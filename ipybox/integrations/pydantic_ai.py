@@ -59,13 +59,18 @@ from ipybox import (
 )
 from ipybox.integrations._core import (
     DEFAULT_TTL,
+    SEARCH_TOOL_DESCRIPTION,
+    SEARCH_TOOL_NAME,
     TOOL_NAME,
     ActionOutcome,
     ApprovalPayload,
+    Catalogue,
     Decision,
+    ToolText,
+    describe_tools,
     drive,
+    search_stubs,
     start_or_attach,
-    tool_instructions,
 )
 
 # ApprovalPayload and Decision are what pending_mcp_calls returns and mcp_approval_results takes.
@@ -91,6 +96,24 @@ _PARAMETERS: dict[str, Any] = {
     "type": "object",
     "properties": {"code": {"type": "string", "description": "Python source to run in the kernel."}},
     "required": ["code"],
+    "additionalProperties": False,
+}
+_SEARCH_ARGS_VALIDATOR = SchemaValidator(
+    core_schema.typed_dict_schema(
+        {
+            "query": core_schema.typed_dict_field(core_schema.str_schema()),
+            "k": core_schema.typed_dict_field(core_schema.int_schema(ge=1, le=20), required=False),
+        },
+        extra_behavior="forbid",
+    )
+)
+_SEARCH_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "description": "What the tool should do, in words."},
+        "k": {"type": "integer", "minimum": 1, "maximum": 20, "default": 5, "description": "How many tools."},
+    },
+    "required": ["query"],
     "additionalProperties": False,
 }
 _DESCRIPTION = (
@@ -141,6 +164,11 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
         ttl: Seconds a code action may stay paused waiting for an approval before it is cancelled.
         timeout: Seconds a code action may run, not counting approval waits (default: the
             executor's).
+        catalogue: What the instructions show of the generated tools: ``"auto"`` (default) every
+            tool's stub while they fit 32,000 characters, else only servers and tool names;
+            ``"stubs"`` or ``"summary"`` forces one. While the summary is shown, the toolset also
+            offers ``search_tools`` (query, k), which returns the stubs of the best matches; it
+            reads the tools directory only and needs no approval.
     """
 
     def __init__(
@@ -153,9 +181,12 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
         approval: Approval | None = "ask",
         ttl: float | None = DEFAULT_TTL,
         timeout: float | None = None,
+        catalogue: Catalogue = "auto",
     ) -> None:
         if isinstance(servers, str):
             raise UsageError(f"servers takes a list of names, got the string {servers!r}; pass [{servers!r}]")
+        if tool_name == SEARCH_TOOL_NAME:
+            raise UsageError(f"{SEARCH_TOOL_NAME!r} names the toolset's search tool; give the code tool another name")
         self.executor = executor
         self._id = id
         self.tool_name = tool_name
@@ -170,7 +201,11 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
             # One kernel runs one action at a time; calls in one response run in the order written.
             sequential=True,
         )
-        self._instructions: tuple[object, str] | None = None
+        self._catalogue: Catalogue = catalogue
+        self._search_def = ToolDefinition(
+            name=SEARCH_TOOL_NAME, parameters_json_schema=_SEARCH_PARAMETERS, description=SEARCH_TOOL_DESCRIPTION
+        )
+        self._instructions: tuple[object, ToolText] | None = None
         # The request each paused execution surfaced as ApprovalRequired: a resumed call's approval
         # answers that request only, never one the code reaches after an approval of something else
         # (such as the whole action, by an ApprovalRequiredToolset around this one).
@@ -185,18 +220,27 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
         # previous tool calls joined the history: the one place a toolset sees a call PydanticAI
         # denied without calling the tool again.
         self._abort_denied(ctx)
-        return InstructionPart(self._render_instructions(), dynamic=True, on_change="append", name="tools")
+        return InstructionPart(self._render_instructions().text, dynamic=True, on_change="append", name="tools")
 
     async def get_tools(self, ctx: RunContext[AgentDepsT]) -> dict[str, ToolsetTool[AgentDepsT]]:
-        return {
+        tools = {
             self.tool_name: ToolsetTool(
                 toolset=self, tool_def=self._tool_def, max_retries=1, args_validator=_ARGS_VALIDATOR
             )
         }
+        if self._render_instructions().needs_search:
+            tools[SEARCH_TOOL_NAME] = ToolsetTool(
+                toolset=self, tool_def=self._search_def, max_retries=1, args_validator=_SEARCH_ARGS_VALIDATOR
+            )
+        return tools
 
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[AgentDepsT], tool: ToolsetTool[AgentDepsT]
     ) -> str | list[str | BinaryContent]:
+        if name == SEARCH_TOOL_NAME:
+            return await search_stubs(
+                self.executor.tools_dir, tool_args["query"], tool_args.get("k", 5), servers=self._servers
+            )
         code: str = tool_args["code"]
         key = self._key(ctx, ctx.tool_call_id or uuid.uuid4().hex)
         try:
@@ -250,11 +294,12 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
                 with contextlib.suppress(ExecutionLost):  # else not an action of this toolset
                     self.executor.attach(self._key(ctx, part.tool_call_id)).cancel()
 
-    def _render_instructions(self) -> str:
+    def _render_instructions(self) -> ToolText:
         root = self.executor.tools_dir
         stamp = _tree_stamp(root)
         if self._instructions is None or self._instructions[0] != stamp:
-            self._instructions = (stamp, tool_instructions(root, servers=self._servers))
+            text = describe_tools(root, servers=self._servers, catalogue=self._catalogue, search_tool=SEARCH_TOOL_NAME)
+            self._instructions = (stamp, text)
         return self._instructions[1]
 
 

@@ -7,6 +7,7 @@ function that ends a tool body the way an interrupt does, by raising.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import anyio
@@ -25,7 +26,9 @@ from ipybox.integrations._core import (
     ActionOutcome,
     ApprovalPayload,
     Decision,
+    describe_tools,
     drive,
+    search_stubs,
     start_or_attach,
     tool_instructions,
 )
@@ -71,6 +74,45 @@ async def test_the_instructions_carry_the_stubs_of_the_generated_tools(tools_dir
     alone = tool_instructions(tmp_path / "missing")
     assert "mcptools" not in alone and alone.startswith("Run Python code")
     assert tool_instructions(None) == alone
+
+
+def large_catalogue(tools_dir: Path, root: Path, copies: int) -> Path:
+    """``root/mcptools`` with the test server's package under ``copies`` package names."""
+    large = root / "mcptools"
+    for number in range(copies):
+        shutil.copytree(tools_dir / "test", large / f"test_{number}")
+    return large
+
+
+async def test_a_catalogue_over_the_prompt_limit_shows_only_names_and_points_to_the_search(
+    tools_dir: Path, tmp_path: Path
+) -> None:
+    # The test server's stubs are ~3,000 characters: twelve copies pass the 32,000 of "auto".
+    large = large_catalogue(tools_dir, tmp_path, 12)
+    text = describe_tools(large, search_tool="search_tools")
+    assert text.catalogue == "summary" and text.needs_search
+    assert "class greet:" not in text.text and "mcptools.test_11: add, compute_stats" in text.text
+    assert "call the `search_tools` tool" in text.text
+    # Without a search tool next to the code tool, the text sends the model to the kernel's search.
+    alone = tool_instructions(large)
+    assert "`search_tools` tool" not in alone and "from ipybox_kernel import search_tools" in alone
+    assert describe_tools(large, catalogue="stubs").catalogue == "stubs"
+    small = describe_tools(tools_dir, search_tool="search_tools")
+    assert small.catalogue == "stubs" and "class greet:" in small.text and "search_tools" not in small.text
+    summary = describe_tools(tools_dir, catalogue="summary", servers=["test"])
+    assert summary.catalogue == "summary" and "mcptools.test: add" in summary.text
+    assert describe_tools(tmp_path / "missing", catalogue="summary").catalogue is None
+    with pytest.raises(UsageError, match="'auto', 'stubs' or 'summary'"):
+        describe_tools(tools_dir, catalogue="all")  # pyright: ignore[reportArgumentType]
+
+
+async def test_the_search_answers_with_the_stubs_of_the_best_matches_or_says_why_not(tools_dir: Path) -> None:
+    found = await search_stubs(tools_dir, "add two numbers", 2)
+    assert "class add:" in found and "def run(params: Params)" in found
+    assert "class crash:" not in found
+    assert "no words" in await search_stubs(tools_dir, "the of", 3)
+    assert "No tool matches" in await search_stubs(tools_dir, "zebra xylophone", 3)
+    assert "No tool matches" in await search_stubs(tools_dir, "add two numbers", 3, servers=["other"])
 
 
 async def test_a_tool_body_run_once_per_approval_runs_the_code_once(

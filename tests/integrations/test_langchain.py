@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from ipybox import ApprovalRules, CodeExecutor, ExecutionCancelled, UsageError
 from ipybox.integrations import _core
-from ipybox.integrations.langchain import IpyboxTool
+from ipybox.integrations.langchain import IpyboxSearchTool, IpyboxTool, ipybox_tools
 
 pytestmark = pytest.mark.anyio
 
@@ -329,6 +329,33 @@ def test_the_description_carries_the_stubs_and_the_model_sees_only_the_code(exec
     assert list(cast("type[BaseModel]", tool.tool_call_schema).model_json_schema()["properties"]) == ["code"]
     short = IpyboxTool(executor=executor, name="python", description="Run Python; see the system prompt.")
     assert short.name == "python" and "class greet:" in short.instructions
+
+
+async def test_a_summary_catalogue_comes_with_a_search_tool_whose_stubs_the_model_then_calls(
+    executor: CodeExecutor,
+) -> None:
+    assert [t.name for t in ipybox_tools(executor)] == ["execute_code"]  # small: the stubs are in the prompt
+    code, search = ipybox_tools(executor, catalogue="summary")
+    assert isinstance(code, IpyboxTool) and isinstance(search, IpyboxSearchTool)
+    assert code.catalogue_mode == "summary" and "class add:" not in code.description
+    assert "mcptools.test: add," in code.description and "call the `search_tools` tool" in code.description
+    search_call = {
+        "name": "search_tools",
+        "args": {"query": "add two numbers", "k": 2},
+        "id": "s1",
+        "type": "tool_call",
+    }
+    run_add = code_call("from mcptools.test import add\nprint(add.run(add.Params(a=2, b=3)).result)", "c1")
+    model = ScriptedModel(
+        responses=[AIMessage("", tool_calls=[search_call]), AIMessage("", tool_calls=[run_add]), AIMessage("done")]
+    )
+    agent = cast("Agent", create_agent(model, tools=[code, search], checkpointer=InMemorySaver()))
+    with anyio.fail_after(60):
+        out, rounds = await run_answering(agent, "summary", approve)
+    messages = tool_messages(out)
+    assert "class add:" in str(messages["s1"].content) and "class Params" in str(messages["s1"].content)
+    assert [it.value["name"] for r in rounds for it in r] == ["test.add"]
+    assert messages["c1"].content == "5\n"
 
 
 async def test_the_example_agent_runs_offline_and_asks_at_the_terminal() -> None:

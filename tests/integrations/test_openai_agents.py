@@ -34,7 +34,7 @@ from agents.tool_context import ToolContext
 from servers.fixtures import stdio_server
 
 from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutionChunk, CodeExecutor, generate_mcp_sources
-from ipybox.integrations.openai_agents import ipybox_tool
+from ipybox.integrations.openai_agents import ipybox_tool, ipybox_tools
 
 pytestmark = pytest.mark.anyio
 
@@ -258,6 +258,29 @@ async def test_images_the_code_displays_reach_the_model_as_image_inputs_next_to_
     assert kinds == ["input_text", "input_image"]
     assert output[0]["text"].startswith("one image")
     assert output[1]["image_url"].startswith("data:image/png;base64,iVBORw0KGgo")
+
+
+async def test_a_summary_catalogue_comes_with_a_search_tool_whose_stubs_the_model_then_calls(
+    executor: CodeExecutor,
+) -> None:
+    assert [t.name for t in ipybox_tools(executor)] == ["execute_code"]  # small: the stubs are in the prompt
+    tools = ipybox_tools(executor, catalogue="summary")
+    assert [t.name for t in tools] == ["execute_code", "search_tools"]
+    assert "class add:" not in tools[0].description and "call the `search_tools` tool" in tools[0].description
+    add = "from mcptools.test import add\nprint(add.run(add.Params(a=2, b=3)).result)"
+    model = ScriptedModel(
+        [
+            [function_call("search_tools", {"query": "add two numbers", "k": 2}, call_id="s1")],
+            [function_call("execute_code", {"code": add}, call_id="c1")],
+            [assistant_message("done")],
+        ]
+    )
+    agent = Agent(name="coder", tools=list(tools), model=model)
+    with anyio.fail_after(60):
+        result, seen = await answer_all(agent, await Runner.run(agent, "go"), lambda item, state: state.approve(item))
+    found, ran = tool_outputs(result)
+    assert "class add:" in found and "class Params" in found
+    assert [name for name, _ in seen] == ["test__add"] and ran == "5\n"
 
 
 async def test_an_error_comes_back_as_the_tool_output_with_a_clean_traceback(executor: CodeExecutor) -> None:

@@ -300,6 +300,39 @@ async def test_the_instructions_carry_the_stubs_and_a_new_server_is_appended_not
     assert isinstance(last_request, ModelRequest) and "mcptools.more" in str(last_request.parts)
 
 
+async def test_a_summary_catalogue_offers_a_search_tool_whose_stubs_the_model_then_calls(
+    executor: CodeExecutor,
+) -> None:
+    seen: Seen = []
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append((list(messages), info))
+        calls = [
+            ToolCallPart("search_tools", {"query": "add two numbers", "k": 2}, tool_call_id="s1"),
+            ToolCallPart(
+                "execute_code",
+                {"code": "from mcptools.test import add\nprint(add.run(add.Params(a=2, b=3)).result)"},
+                tool_call_id="c1",
+            ),
+        ]
+        made = sum(isinstance(m, ModelResponse) and bool(m.tool_calls) for m in messages)
+        return ModelResponse(parts=[calls[made]] if made < len(calls) else [TextPart("done")])
+
+    toolset = IpyboxToolset(executor, approval="auto", catalogue="summary")
+    with anyio.fail_after(60):
+        result = await Agent(FunctionModel(respond), toolsets=[toolset]).run("go")
+    info = seen[0][1]
+    assert sorted(t.name for t in info.function_tools) == ["execute_code", "search_tools"]
+    assert info.instructions is not None and "class add:" not in info.instructions
+    assert "call the `search_tools` tool" in info.instructions
+    returns = {p.tool_call_id: p.model_response_str() for p in tool_returns(result)}
+    assert "class add:" in returns["s1"] and returns["c1"] == "5\n"
+    # With the stubs in the prompt (a small catalogue), there is nothing to search for.
+    small: Seen = []
+    await Agent(scripted("print(1)", seen=small), toolsets=[IpyboxToolset(executor)]).run("go")
+    assert [t.name for t in small[0][1].function_tools] == ["execute_code"]
+
+
 async def test_the_kernel_output_streams_live_as_custom_events(executor: CodeExecutor) -> None:
     code = (
         "from mcptools.test import lookup\n"

@@ -20,7 +20,19 @@ from agents import FunctionTool, RunContextWrapper, ToolOutputImage, ToolOutputT
 from agents.tool_context import ToolContext
 
 from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutor, UsageError
-from ipybox.integrations._core import DEFAULT_TTL, TOOL_NAME, ApprovalPayload, Decision, drive, tool_instructions
+from ipybox.integrations._core import (
+    DEFAULT_TTL,
+    SEARCH_TOOL_DESCRIPTION,
+    SEARCH_TOOL_NAME,
+    TOOL_NAME,
+    ApprovalPayload,
+    Catalogue,
+    Decision,
+    describe_tools,
+    drive,
+    search_stubs,
+    tool_instructions,
+)
 
 from ._nested import interrupting_tool
 from ._shared import NeedsApproval, OutputHandler, output_sink, tool_output
@@ -29,7 +41,9 @@ __all__ = (
     "ApprovalHandler",
     "NeedsApproval",
     "OutputHandler",
+    "ipybox_search_tool",
     "ipybox_tool",
+    "ipybox_tools",
     "tool_instructions",
 )
 
@@ -51,6 +65,8 @@ def ipybox_tool(
     description: str | None = None,
     ttl: float | None = DEFAULT_TTL,
     timeout: float | None = None,
+    catalogue: Catalogue = "auto",
+    search_tool: str | None = None,
 ) -> FunctionTool:
     """A function tool that runs the model's Python code in the executor's kernel.
 
@@ -73,13 +89,18 @@ def ipybox_tool(
         ttl: Seconds a code action may wait for an approval before it is cancelled.
         timeout: Seconds the code may run (time waiting for approvals not counted); None: the
             executor's default.
+        catalogue: What the default description shows of the tools: ``"auto"`` every tool's stub
+            while they fit 32,000 characters, else only servers and tool names; ``"stubs"`` or
+            ``"summary"`` forces one.
+        search_tool: The name of an `ipybox_search_tool` the agent also has; a summary points to
+            it (else to the search in kernel code). `ipybox_tools` sets it.
 
     Returns:
         The tool. Its output is the code's text output (a clean traceback when it raised), plus the
         PNG, JPEG, GIF or WebP images it displayed as `ToolOutputImage` parts the model can see.
     """
     if description is None:
-        description = tool_instructions(executor.tools_dir)
+        description = describe_tools(executor.tools_dir, catalogue=catalogue, search_tool=search_tool).text
     if approval == "interrupt":
         return interrupting_tool(
             executor,
@@ -145,3 +166,34 @@ def _waiting_tool(
         description_override=description,
         needs_approval=needs_approval,
     )
+
+
+def ipybox_tools(executor: CodeExecutor, *, catalogue: Catalogue = "auto", **kwargs: Any) -> list[FunctionTool]:
+    """The code tool, and with it `ipybox_search_tool` when its description shows only the summary
+    of a large catalogue.
+
+    Args:
+        executor: A started `CodeExecutor`.
+        catalogue: ``"auto"``, ``"stubs"`` or ``"summary"`` (see `ipybox_tool`).
+        **kwargs: Other `ipybox_tool` arguments.
+    """
+    text = describe_tools(executor.tools_dir, catalogue=catalogue, search_tool=SEARCH_TOOL_NAME)
+    kwargs.setdefault("description", text.text)
+    code = ipybox_tool(executor, **kwargs)
+    return [code, ipybox_search_tool(executor)] if text.needs_search else [code]
+
+
+def ipybox_search_tool(executor: CodeExecutor, *, name: str = SEARCH_TOOL_NAME) -> FunctionTool:
+    """A function tool that finds the executor's generated MCP tools by what they should do and
+    returns their typed stubs. It reads the tools directory only: no approval, no kernel."""
+
+    async def search_tools(query: str, k: int = 5) -> str:
+        """Find tools by what they should do.
+
+        Args:
+            query: What the tool should do, in words.
+            k: How many tools to return (at most 20).
+        """
+        return await search_stubs(executor.tools_dir, query, k)
+
+    return function_tool(search_tools, name_override=name, description_override=SEARCH_TOOL_DESCRIPTION)
