@@ -12,45 +12,32 @@ weighted and summed, then saturated: a term adds less than its inverse document 
 often a tool repeats it. With each field cut to a fixed number of words, a tool cannot buy rank by
 repetition or by listing every word of the catalogue (a long field dilutes every term in it).
 
-The index is cached per tools directory and rebuilt when a server package is generated again,
+A package's terms come from the index file `generate_mcp_sources` writes next to its modules when
+that file is current, else from parsing the modules (`ipybox_kernel._records`). The index is cached
+per tools directory and rebuilt when a server package is generated again,
 added or removed: `generate_mcp_sources` replaces a package's directory, which changes the root's
 and that directory's inode and mtime, so one ``stat`` per server is the whole check.
 """
 
 from __future__ import annotations
 
-import ast
 import heapq
 import math
 import os
-import re
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._catalog import Server, load_server, param_fields, run_def, server_packages
-from ._text import first_line
+from ._catalog import server_packages
+from ._records import read_package
+from ._terms import SERVER_TERMS, terms
 
 __all__ = ("TOOLS_DIR_ENV", "ToolIndex", "ToolMatch", "search_tools", "tool_index")
 
 # Set by the host on the kernel: the tools directory as mounted in the kernel.
 TOOLS_DIR_ENV = "IPYBOX_TOOLS_DIR"
-
-# One-line descriptions in matches: the length the host's stubs use for theirs.
-DESCRIPTION_LIMIT = 120
-# Where the first line of a description is looked for: generous, but not a whole huge docstring.
-_FIRST_LINE_CHARS = 4 * 1024
-
-# Words per field beyond which the rest is not indexed. Real MCP descriptions are a few sentences
-# (the longest in the benchmark catalogue has 84 words, 53 terms; parameters at most 29 terms);
-# the caps keep a tool from covering the whole vocabulary, and the index's size bounded, whatever
-# a server sends.
-_NAME_TERMS = 16
-_DESCRIPTION_TERMS = 160
-_PARAM_TERMS = 160
-_SERVER_TERMS = 8
 
 # Field weights and length normalization (b): a word in the name says most about what a tool does;
 # parameters say what it needs, which queries mention less often. Names are short by nature, so
@@ -64,58 +51,10 @@ _FIELDS: dict[str, tuple[float, float]] = {
 # BM25's term-frequency saturation: the usual value.
 _K1 = 1.2
 
-# Characters read per word a field may keep: ample for real words and the spaces between them.
-_CHARS_PER_TERM = 40
-
 # Indexes kept per process (one per tools directory searched).
 _CACHED_INDEXES = 8
 # Queries longer than this are cut: a query is a task description, not a document.
 _QUERY_TERMS = 64
-
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-_WORD = re.compile(r"[^\W_]+")
-# Function words: they say nothing about what a tool does.
-_FUNCTION_WORDS = (
-    "a an and any are as at be by can could do does for from how i in into is it its me my of on or our please "
-    "should so some than that the their them then there these this those to us was we what when where which while "
-    "who will with would you your"
-)
-_STOPWORDS = frozenset(_FUNCTION_WORDS.split())
-
-
-def _stem(word: str) -> str:
-    """A light suffix stripper: query and index words go through the same one, so 'created',
-    'creates' and 'create' meet; it need not be linguistically right, only consistent."""
-    if len(word) <= 3 or not word.isalpha():
-        return word
-    if word.endswith("ies") and len(word) > 4:
-        word = word[:-3] + "y"
-    elif word.endswith(("sses", "xes", "ches", "shes")):
-        word = word[:-2]
-    elif word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        word = word[:-1]
-    for suffix in ("ing", "ed"):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            word = word[: -len(suffix)]
-            break
-    if word.endswith("e") and len(word) > 3:
-        word = word[:-1]
-    return word
-
-
-def terms(text: str, limit: int | None = None) -> list[str]:
-    """The index terms of `text`: words split at snake and camel case, lower-cased and stemmed."""
-    if limit is not None:
-        # Words beyond the limit are dropped anyway; a huge text is not worth splitting whole.
-        text = text[: limit * _CHARS_PER_TERM]
-    found: list[str] = []
-    for word in _WORD.findall(_CAMEL.sub(" ", text)):
-        word = word.lower()
-        if word not in _STOPWORDS:
-            found.append(_stem(word))
-            if limit is not None and len(found) >= limit:
-                break
-    return found
 
 
 @dataclass(frozen=True)
@@ -145,19 +84,6 @@ class _Entry:
     description: str
 
 
-def _fields(
-    server: Server, module: str, tool: str, doc: str, params: list[tuple[str, str, str]]
-) -> dict[str, list[str]]:
-    param_text = " ".join(f"{name} {alias} {description}" for name, alias, description in params)
-    return {
-        # The module name is the MCP name folded to an identifier: mostly the same words, counted once.
-        "name": list(dict.fromkeys(terms(f"{tool} {module}", _NAME_TERMS))),
-        "description": terms(doc, _DESCRIPTION_TERMS),
-        "params": terms(param_text, _PARAM_TERMS),
-        "server": terms(f"{server.name} {server.package}", _SERVER_TERMS),
-    }
-
-
 class ToolIndex:
     """The BM25F index of one tools directory's generated packages."""
 
@@ -177,18 +103,15 @@ class ToolIndex:
         self.servers: list[tuple[str, str, list[str]]] = []
         field_terms: list[dict[str, list[str]]] = []
         for directory in server_packages(root):
-            server = load_server(directory)
+            server = read_package(directory)
             if server is None:
                 continue
-            self.servers.append((server.name, server.package, [t.module for t in server.tools]))
+            self.servers.append((server.name, directory.name, [t.module for t in server.tools]))
+            server_field = terms(f"{server.name} {directory.name}", SERVER_TERMS)
             for tool in server.tools:
-                run = run_def(tool.tree)
-                doc = (ast.get_docstring(run, clean=True) if run is not None else None) or ""
-                module = f"{self.package}.{server.package}.{tool.module}"
-                self.entries.append(
-                    _Entry(server.name, tool.name, module, first_line(doc[:_FIRST_LINE_CHARS], limit=DESCRIPTION_LIMIT))
-                )
-                field_terms.append(_fields(server, tool.module, tool.name, doc, param_fields(tool.tree)))
+                module = f"{self.package}.{directory.name}.{tool.module}"
+                self.entries.append(_Entry(server.name, tool.tool, module, tool.description))
+                field_terms.append({**tool.fields, "server": server_field})
         self._postings = self._weigh(field_terms)
 
     def _weigh(self, field_terms: list[dict[str, list[str]]]) -> dict[str, list[tuple[int, float]]]:

@@ -24,6 +24,7 @@ from ipybox._exceptions import GenerationError, UsageError
 from ipybox._manifest import load_manifest
 from ipybox._mcp import StdioServer, open_session, parse_server_params
 from ipybox.codegen._codegen import GenerationReport, generate_mcp_sources, generate_package
+from ipybox_kernel._records import INDEX_FILE
 
 pytestmark = pytest.mark.anyio
 
@@ -78,7 +79,7 @@ async def test_a_server_becomes_a_package_with_one_module_per_tool(
     root, report = shapes
     assert list(report.modules) == SHAPES_MODULES
     assert sorted(p.name for p in (root / "shapes").iterdir()) == sorted(
-        ["__init__.py", *(f"{m}.py" for m in SHAPES_MODULES)]
+        ["__init__.py", INDEX_FILE, *(f"{m}.py" for m in SHAPES_MODULES)]
     )
     tools_package = ast.parse((root / "__init__.py").read_text())
     assert len(tools_package.body) == 1 and ast.get_docstring(tools_package)

@@ -20,6 +20,7 @@ from ipybox.codegen._codegen import GenerationReport, generate_package
 from ipybox.codegen._modelcheck import Unsafe, parse_generated
 from ipybox.codegen._modelgen import generate_tool_models
 from ipybox.codegen._stubs import render_tool_stubs
+from ipybox_kernel._records import INDEX_FILE
 
 pytestmark = pytest.mark.anyio
 
@@ -79,7 +80,7 @@ async def test_hostile_names_become_distinct_plain_identifiers(hostile: Hostile)
     # Nothing was written outside the package, whatever the tool names said.
     assert sorted(p.name for p in hostile.root.iterdir()) == [".ipybox", "__init__.py", "hostile"]
     assert sorted(p.name for p in (hostile.root / "hostile").iterdir()) == sorted(
-        ["__init__.py", *(f"{m}.py" for m in modules)]
+        ["__init__.py", INDEX_FILE, *(f"{m}.py" for m in modules)]
     )
 
 

@@ -38,6 +38,7 @@ from ipybox._exceptions import GenerationError, MCPServerError, UsageError
 from ipybox._manifest import load_manifest, manifest_lock, save_manifest_entry
 from ipybox._mcp import HttpServer, ServerExitWatch, StdioServer, open_session, parse_server_params
 from ipybox._tooldir import check_tools_dir, prepare_tools_dir, tools_dir_path
+from ipybox_kernel._records import INDEX_FILE
 
 from ._modelgen import warm_up
 from ._names import python_identifier
@@ -128,7 +129,7 @@ async def _list_tools(
 def _same_files(directory: Path, files: Mapping[str, str]) -> bool:
     if not directory.is_dir():
         return False
-    present = {p.name for p in directory.iterdir() if p.is_file() and p.suffix == ".py"}
+    present = {p.name for p in directory.iterdir() if p.is_file() and (p.suffix == ".py" or p.name == INDEX_FILE)}
     if present != set(files):
         return False
     return all((directory / name).read_bytes() == text.encode("utf-8") for name, text in files.items())

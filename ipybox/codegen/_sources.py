@@ -17,6 +17,7 @@ from functools import cache
 import mcp_types
 
 from ipybox._exceptions import GenerationError
+from ipybox_kernel._records import INDEX_FILE, index_file_text
 
 from ._modelgen import Import, ToolModels, generate_tool_models
 from ._names import Renamed, assign_identifiers, python_identifier
@@ -62,7 +63,7 @@ class PackageSources:
 
     Attributes:
         package: The package's directory name (the server name as an identifier).
-        files: File name → source text, including ``__init__.py``.
+        files: File name → text: the modules, ``__init__.py`` and the tool search's index file.
         tools: One report per tool, sorted by module name.
         renamed: Tools whose module name had to differ from their folded name.
     """
@@ -264,5 +265,7 @@ def build_package_sources(
     init = _package_init(server_name, server_info, instructions, listed)
     _verify(server_name, "__init__.py", init)
     files["__init__.py"] = init
+    # Last, so that it is written after the modules it describes (a newer module makes it stale).
+    files[INDEX_FILE] = index_file_text(files)
     package = python_identifier(server_name, prefix="server")
     return PackageSources(package, files, tuple(reports), tuple(renamed))
