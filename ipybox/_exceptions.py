@@ -176,8 +176,14 @@ class GenerationError(IpyboxError):
 
     Attributes:
         server_name: The server the sources were generated for.
+        exit_status: How a stdio server's process exited, when it ended before its tools were
+            listed (None: it did not exit, its status is unknown, or it is an HTTP server).
+        stderr: The last lines of a stdio server's stderr, when it failed to list its tools
+            (empty when it wrote nothing or is an HTTP server).
     """
 
-    def __init__(self, server_name: str, message: str) -> None:
+    def __init__(self, server_name: str, message: str, *, exit_status: int | None = None, stderr: str = "") -> None:
         super().__init__(f"cannot generate sources for MCP server {server_name!r}: {message}")
         self.server_name = server_name
+        self.exit_status = exit_status
+        self.stderr = stderr

@@ -276,16 +276,24 @@ class ServerExitWatch:
                 update={"command": "/bin/sh", "args": ("-c", script, "ipybox-server", params.command, *params.args)}
             )
 
-    def describe(self) -> str:
-        """How the server ended, for an error message; empty when there is nothing to tell (an HTTP server)."""
+    def ending(self) -> tuple[int | None, list[str]]:
+        """The server's exit status (None when unknown: still running, or an HTTP server) and the
+        last lines of its stderr."""
         fd = self.errlog.fileno()
         size = os.fstat(fd).st_size
         tail = os.pread(fd, self.TAIL_BYTES, max(0, size - self.TAIL_BYTES)).decode("utf-8", "replace")
         lines = [line.rstrip() for line in tail.splitlines()]
         if size > self.TAIL_BYTES:
             lines = lines[1:]  # the first line read is most likely cut
-        status = next((line.removeprefix(self._MARK) for line in reversed(lines) if line.startswith(self._MARK)), None)
+        marked = next((line.removeprefix(self._MARK) for line in reversed(lines) if line.startswith(self._MARK)), None)
         output = [line for line in lines if line and not line.startswith(self._MARK)][-self.TAIL_LINES :]
+        # The shell wrapper prints the status as a decimal number; anything else is not its line.
+        status = int(marked) if marked is not None and marked.isdigit() else None
+        return status, output
+
+    def describe(self) -> str:
+        """How the server ended, for an error message; empty when there is nothing to tell (an HTTP server)."""
+        status, output = self.ending()
         parts: list[str] = []
         if status is not None:
             parts.append(f"the server exited with status {status}")

@@ -269,10 +269,14 @@ async def test_a_server_that_exits_during_generation_is_reported_with_its_exit_s
     # The last lines, not the first ones.
     assert message.endswith("  log line 28\n  log line 29\n  missing WEATHER_API_KEY")
     assert "log line 19" not in message
+    # The same facts as fields, for code that reports them its own way.
+    assert info.value.exit_status == 3
+    assert info.value.stderr.splitlines()[-2:] == ["log line 29", "missing WEATHER_API_KEY"]
 
     silent = {"command": sys.executable, "args": ["-c", "pass"]}
-    with pytest.raises(GenerationError, match=r"exited with status 0; it wrote nothing to stderr$"):
+    with pytest.raises(GenerationError, match=r"exited with status 0; it wrote nothing to stderr$") as info:
         await generate_mcp_sources("weather", silent, tmp_path)
+    assert (info.value.exit_status, info.value.stderr) == (0, "")
 
 
 async def test_server_parameters_stay_in_the_private_manifest_not_in_generated_code(tmp_path: Path) -> None:

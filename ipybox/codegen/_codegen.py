@@ -228,8 +228,12 @@ async def _build_from_watched_server(
             message = message.removeprefix(f"MCP server {server_name!r}: ")
         # The session is closed and the server stopped by now, so its exit status is in.
         ending = watch.describe()
+        status, stderr = watch.ending()
         raise GenerationError(
-            server_name, f"cannot list its tools: {message}" + (f"; {ending}" if ending else "")
+            server_name,
+            f"cannot list its tools: {message}" + (f"; {ending}" if ending else ""),
+            exit_status=status,
+            stderr="\n".join(stderr),
         ) from cause
     if sources is None:
         raise GenerationError(server_name, "listing its tools was cancelled")
