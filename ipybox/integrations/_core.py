@@ -83,6 +83,9 @@ returns the typed stubs (Params, Result, run) of the best-matching tools."""
 _CODE_SEARCH_GUIDE = """ There are too many tools to show their signatures here, so only servers \
 and tool names are listed: find tools and read their signatures in code first, as the list says."""
 
+# `render_tool_summary` starts with two lines on how to import and find tools.
+_SUMMARY_HEADER_LINES = 2
+
 Catalogue = Literal["auto", "stubs", "summary"]
 """What the instructions show of the generated tools: ``"stubs"`` every tool's typed stub,
 ``"summary"`` only servers and tool names (the model gets stubs by search), ``"auto"`` the stubs
@@ -93,7 +96,6 @@ SEARCH_TOOL_DESCRIPTION = (
     "Find the MCP tools the code can call by what they should do (e.g. 'weather forecast for a city'). "
     "Returns the typed Python stubs (Params, Result, run) of the best matches, to use in execute_code."
 )
-_SUMMARY_HEADER_LINES = 2
 # Matches one search returns at most: 20 stubs are a few thousand characters.
 SEARCH_LIMIT = 20
 
@@ -134,7 +136,7 @@ def describe_tools(
     if tools_dir is None or not Path(tools_dir).is_dir():
         return ToolText(_GUIDE.format(tools=""), None)
     mode, listing = render_tool_catalogue(tools_dir, mode=catalogue, servers=servers)
-    # A summary has two header lines and then a line per server with tools.
+    # Nothing generated (or nothing of `servers`): the text describes the kernel alone.
     if not listing.strip() or (mode == "summary" and len(listing.splitlines()) <= _SUMMARY_HEADER_LINES):
         return ToolText(_GUIDE.format(tools=""), None)
     search = ""
