@@ -20,25 +20,20 @@ Needs ``pip install "ipybox[langchain]"``.
 from __future__ import annotations
 
 import base64
-import contextlib
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, NoReturn, NotRequired, Self, TypedDict, cast
 
-import anyio
 from langchain_core.messages import ToolMessage
 from langchain_core.messages.content import create_image_block, create_text_block
 from langchain_core.tools import BaseTool, InjectedToolCallId
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.config import get_config, get_stream_writer
 from langgraph.constants import CONFIG_KEY_CHECKPOINTER
-from langgraph.errors import GraphInterrupt
 from langgraph.runtime import Runtime, get_runtime
 from langgraph.types import interrupt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutor, Execution, ExecutionLost, IpyboxError, UsageError
+from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutor, Execution, ExecutionLost, UsageError
 from ipybox.codegen._search import CatalogueMode
 
 from ._core import (
@@ -56,6 +51,7 @@ from ._core import (
     search_stubs,
     start_or_attach,
 )
+from ._langgraph import Queue, queue_of
 
 __all__ = ("IpyboxSearchTool", "IpyboxTool", "McpApprovalRequest", "McpDecision", "OutputEvent", "ipybox_tools")
 
@@ -232,7 +228,7 @@ class IpyboxTool(BaseTool):
             except ExecutionLost as exc:
                 outcome = ActionOutcome.lost(exc)
             else:
-                queue = _queues.setdefault(self.executor, _Queue())
+                queue = queue_of(self.executor)
                 step = _step_of(thread_id)
                 await queue.wait_for_turn(execution, step)
                 # LangGraph hands resume values to a task's interrupts by position, so every request
@@ -308,14 +304,6 @@ def ipybox_tools(
     return [code, IpyboxSearchTool(executor=executor, servers=None if servers is None else list(servers))]
 
 
-def _paused_map() -> weakref.WeakKeyDictionary[Execution, str]:
-    return weakref.WeakKeyDictionary()
-
-
-def _execution_set() -> weakref.WeakSet[Execution]:
-    return weakref.WeakSet()
-
-
 async def _interrupted_before(configurable: Mapping[str, Any]) -> bool:
     """Whether the checkpoint holds an interrupt or resume of the task running this tool call."""
     runtime = _runtime()
@@ -339,71 +327,6 @@ async def _interrupted_before(configurable: Mapping[str, Any]) -> bool:
     return any(task == info.task_id and channel in _PAUSE_CHANNELS for task, channel, _ in writes)
 
 
-@dataclass
-class _Queue:
-    """Which code actions on one executor (which runs them one at a time) wait on an interrupt.
-
-    Parallel tool calls of one model turn are tasks of one LangGraph step, and the step ends only
-    when every task has returned or interrupted. A code action queued behind one that waits on an
-    interrupt of the same step would wait for a resume that cannot come before the step ends: it
-    interrupts too, asking nothing, and runs when LangGraph runs the step again on resume. Behind a
-    code action paused by another step (another thread, an unanswered earlier run) it just waits its
-    turn, as it would behind a long-running one.
-    """
-
-    started: weakref.WeakSet[Execution] = field(default_factory=_execution_set)
-    paused: weakref.WeakKeyDictionary[Execution, str] = field(default_factory=_paused_map)
-    """Executions whose tool call raised an interrupt, and the step that raised it."""
-    changed: anyio.Event = field(default_factory=anyio.Event)
-
-    def pause(self, execution: Execution, step: str) -> None:
-        self.paused[execution] = step
-        self.changed.set()
-        self.changed = anyio.Event()
-
-    async def wait_for_turn(self, execution: Execution, step: str) -> None:
-        """Return once ``execution`` has begun.
-
-        Raises:
-            GraphInterrupt: With no interrupt of its own, while an execution paused by the same step
-                holds the kernel: LangGraph runs this tool call again when it resumes the step.
-        """
-        for other in [other for other in self.started if other.done]:
-            self.started.discard(other)
-        self.started.add(execution)
-        # Executions run in the order they were started, and each tool call registers its own before
-        # it first awaits: with no other unfinished one registered, nothing can hold this one up.
-        while not execution.log and not execution.done and len(self.started) > 1:
-            if any(
-                other is not execution and at == step and _waits_for_person(other)
-                for other, at in list(self.paused.items())
-            ):
-                raise GraphInterrupt(())
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_cancel_after, _first_event(execution), tg.cancel_scope)
-                tg.start_soon(_cancel_after, self.changed.wait(), tg.cancel_scope)
-
-
-async def _cancel_after(awaitable: Awaitable[object], scope: anyio.CancelScope) -> None:
-    await awaitable
-    scope.cancel()
-
-
-async def _first_event(execution: Execution) -> None:
-    with contextlib.suppress(IpyboxError):  # a failure is reported by drive()
-        async for _ in execution.events():
-            break
-
-
-def _waits_for_person(execution: Execution) -> bool:
-    return not execution.done and any(
-        isinstance(event, ApprovalRequest) and event.decision is None for event in execution.log
-    )
-
-
-_queues: weakref.WeakKeyDictionary[CodeExecutor, _Queue] = weakref.WeakKeyDictionary()
-
-
 def _runtime() -> Runtime[Any] | None:
     """The graph's runtime; None when the tool is invoked outside a graph (its annotation says
     otherwise, but it reads an optional config entry)."""
@@ -417,7 +340,7 @@ def _step_of(thread_id: str) -> str:
     return thread_id if info is None else f"{thread_id}:{info.checkpoint_id}"
 
 
-def _interrupter(tool_call_id: str, execution: Execution, queue: _Queue, step: str) -> Decide:
+def _interrupter(tool_call_id: str, execution: Execution, queue: Queue, step: str) -> Decide:
     async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
         # The payload's JSON has the rest of McpApprovalRequest's keys, annotations only when present.
         value = cast("McpApprovalRequest", {"type": "tool_approval", "tool_call_id": tool_call_id, **payload.to_json()})
