@@ -32,6 +32,7 @@ from ipybox import (
     IpyboxError,
     KernelError,
     UsageError,
+    render_skill_stubs,
     render_tool_stubs,
 )
 
@@ -69,7 +70,17 @@ catch. Process tool results in Python and print only what matters.
 {stubs}"""
 
 
-def tool_instructions(tools_dir: Path | str | None, *, servers: list[str] | None = None) -> str:
+_SKILLS_GUIDE = """
+
+Skills are code saved because it worked: reuse one with `from skills.<name> import run` before \
+writing the same code again. To keep new code that worked, put it in a module with a docstring and a \
+typed `run(...)`, and call `ipybox_kernel.save_skill(name, code, description)` (it asks for approval \
+like a tool call).{stubs}"""
+
+
+def tool_instructions(
+    tools_dir: Path | str | None, *, servers: list[str] | None = None, skills_dir: Path | str | None = None
+) -> str:
     """How a model should use the code-action tool, with the typed stubs of the generated MCP tools.
 
     The same text serves as the tool's description or as part of a system prompt. It changes only
@@ -79,11 +90,17 @@ def tool_instructions(tools_dir: Path | str | None, *, servers: list[str] | None
         tools_dir: Where `generate_mcp_sources` wrote the tool packages (None or a missing or empty
             directory: the text describes the kernel alone).
         servers: Only these servers' tools (all when None).
+        skills_dir: The executor's skills directory: the text says how to save skills and shows
+            the stubs of the saved ones (None: no skills).
     """
     stubs = ""
     if tools_dir is not None and Path(tools_dir).is_dir():
         stubs = render_tool_stubs(tools_dir, servers=servers).strip()
-    return _GUIDE.format(tools=_TOOLS_GUIDE.format(stubs=stubs) if stubs else "")
+    text = _GUIDE.format(tools=_TOOLS_GUIDE.format(stubs=stubs) if stubs else "")
+    if skills_dir is not None:
+        skills = render_skill_stubs(skills_dir).strip()
+        text += _SKILLS_GUIDE.format(stubs="\n\n" + skills if skills else "")
+    return text
 
 
 @dataclass(frozen=True, kw_only=True)

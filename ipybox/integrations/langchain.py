@@ -178,7 +178,9 @@ class IpyboxTool(BaseTool):
                 executor's ``timeouts.execution``).
             **kwargs: Other `BaseTool` fields (``tags``, ``metadata``, ``callbacks``...).
         """
-        instructions = tool_instructions(executor.tools_dir, servers=None if servers is None else list(servers))
+        instructions = tool_instructions(
+            executor.tools_dir, servers=None if servers is None else list(servers), skills_dir=executor.skills_dir
+        )
         super().__init__(
             executor=executor,
             name=name,
