@@ -11,15 +11,12 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
-from servers.fixtures import stdio_server
+import test_tools
 
 from ipybox import (
-    ApprovalRequest,
-    CodeExecutionResult,
     CodeExecutor,
     InvalidSkill,
     UsageError,
-    generate_mcp_sources,
     list_skills,
     render_skill_stubs,
     save_skill,
@@ -50,11 +47,9 @@ def counter(value: int) -> str:
     return f"def run() -> int:\n    return {value}\n"
 
 
-@pytest.fixture(scope="module")
-async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tools") / "mcptools"
-    await generate_mcp_sources("test", stdio_server(), root)
-    return root
+# The test MCP server's generated tools, and running code while answering approvals: as test_tools does.
+tools_dir = test_tools.tools_dir
+collect = test_tools.collect
 
 
 @pytest.fixture(scope="module")
@@ -66,22 +61,6 @@ def skills_dir(module_workspace: Path) -> Path:
 async def skilled(tools_dir: Path, skills_dir: Path, module_workspace: Path) -> AsyncGenerator[CodeExecutor]:
     async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir, skills_dir=skills_dir) as ex:
         yield ex
-
-
-async def run_answering(
-    executor: CodeExecutor, code: str, *, approve: bool = True
-) -> tuple[list[ApprovalRequest], CodeExecutionResult]:
-    """Run code, accepting (or rejecting with reason "no") every approval request."""
-    requests: list[ApprovalRequest] = []
-    result: CodeExecutionResult | None = None
-    async for event in executor.execute(code):
-        if isinstance(event, ApprovalRequest):
-            requests.append(event)
-            await (event.accept() if approve else event.reject("no"))
-        elif isinstance(event, CodeExecutionResult):
-            result = event
-    assert result is not None
-    return requests, result
 
 
 async def test_a_skill_saved_on_the_host_is_importable_at_once_after_reset_and_in_a_new_executor(
@@ -103,7 +82,7 @@ async def test_a_skill_saved_on_the_host_is_importable_at_once_after_reset_and_i
 
 async def test_a_skills_mcp_call_asks_for_approval_like_a_direct_call(skilled: CodeExecutor) -> None:
     await skilled.save_skill("greeter", GREETER, description="Greets someone", overwrite=True)
-    requests, result = await run_answering(skilled, "from skills.greeter import run\nprint(run('skill'))")
+    requests, result = await collect(skilled, "from skills.greeter import run\nprint(run('skill'))")
     assert result.text == "Hello, skill!\n"
     [request] = requests
     assert (request.server_name, request.tool_name, dict(request.tool_args)) == ("test", "greet", {"name": "skill"})
@@ -111,7 +90,7 @@ async def test_a_skills_mcp_call_asks_for_approval_like_a_direct_call(skilled: C
         "import ipybox_kernel\nfrom skills.greeter import run\n"
         "try:\n    run('refused')\nexcept ipybox_kernel.ToolCallRejected as exc:\n    print('rejected:', exc.reason)"
     )
-    requests, result = await run_answering(skilled, code, approve=False)
+    requests, result = await collect(skilled, code, {"greet": False})
     assert [(r.server_name, r.tool_name) for r in requests] == [("test", "greet")]
     assert result.text == "rejected: no\n"
 
@@ -217,19 +196,19 @@ async def test_the_kernel_overwrites_a_skill_only_when_the_host_approves_the_sav
     )
     save += "except ipybox_kernel.ToolCallError as exc:\n    print(type(exc).__name__, exc)"
 
-    requests, result = await run_answering(
-        skilled, save.format(code=counter(2), extra=", overwrite=True"), approve=False
+    requests, result = await collect(
+        skilled, save.format(code=counter(2), extra=", overwrite=True"), {"save_skill": False}
     )
     [request] = requests
     assert (request.server_name, request.tool_name) == ("ipybox", "save_skill")
     assert request.tool_args["overwrite"] is True and request.tool_args["code"] == counter(2)
     assert result.text.startswith("ToolCallRejected")
-    _, result = await run_answering(skilled, save.format(code=counter(2), extra=""))
+    _, result = await collect(skilled, save.format(code=counter(2), extra=""))
     assert result.text.startswith("ToolExecutionError") and "pass overwrite=True" in result.text
     assert (skills_dir / "counter" / "__init__.py").read_text() == counter(1)
     assert [s.description for s in list_skills(skills_dir) if s.name == "counter"] == ["Returns one"]
 
-    _, result = await run_answering(skilled, save.format(code=counter(2), extra=", overwrite=True"))
+    _, result = await collect(skilled, save.format(code=counter(2), extra=", overwrite=True"))
     assert result.text == "saved skill 'counter'; import it with `from skills.counter import run`\n"
     await skilled.reset()
     assert (await skilled.execute("from skills.counter import run\nprint(run())")).text == "2\n"
@@ -241,7 +220,7 @@ async def test_a_skill_the_kernel_saves_is_importable_in_the_same_cell(skilled: 
         "import ipybox_kernel\nipybox_kernel.save_skill('tripled', 'def run(x: int) -> int:\\n    return 3 * x\\n', "
         "'Triples a number', overwrite=True)\nfrom skills.tripled import run\nprint(run(3))"
     )
-    requests, result = await run_answering(skilled, code)
+    requests, result = await collect(skilled, code)
     assert result.text == "9\n" and [r.tool_name for r in requests] == ["save_skill"]
 
 
