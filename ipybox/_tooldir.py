@@ -15,6 +15,10 @@ It is also a regular package (an ``__init__.py``), so that a module or namespace
 the same name elsewhere on the kernel's ``sys.path`` (a ``mcptools.py`` in the workspace) can never
 take its place.
 
+The skills directory (`ipybox.skills`) is held to the same rules through the same functions (with
+``what="skills_dir"`` naming it in errors); it has no manifest, but its modules are code every
+later kernel imports.
+
 What this cannot tell: a directory kernel code created in an earlier run without the sandbox (or
 under an ipybox that did not create it first) is owned by the same uid as one the host made.
 SECURITY.md says what to do about such a workspace.
