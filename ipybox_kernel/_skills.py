@@ -14,6 +14,7 @@ import importlib
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ __all__ = (
     "MAX_SKILL_MD_BYTES",
     "SKILLS_PACKAGE",
     "SkillInfo",
+    "is_skill_name",
     "list_skills",
     "parse_skill_md",
     "render_skill_md",
@@ -41,7 +43,13 @@ MAX_SKILL_MD_BYTES = 64 * 1024
 
 _FENCE = "---"
 _FIELD = re.compile(r"([A-Za-z][A-Za-z0-9_-]*):(?:[ \t]+(.*))?")
+# Lowercase, so that names cannot collide on a case-insensitive filesystem.
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+def is_skill_name(name: str) -> bool:
+    """Whether ``name`` has a skill name's form: ``a-z`` first, then ``a-z``, digits, ``_``; 64 at most."""
+    return _NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)
@@ -132,7 +140,7 @@ def scan_skills(root: Path, read: Callable[[Path], str]) -> list[SkillInfo]:
         return []
     skills: list[SkillInfo] = []
     for name in names:
-        if not _NAME.fullmatch(name):
+        if not is_skill_name(name):
             continue
         try:
             declared, description = parse_skill_md(read(root / name / "SKILL.md"))
@@ -169,7 +177,8 @@ def save_skill(name: str, code: str, description: str, *, overwrite: bool = Fals
         name: The skill's name and module name.
         code: The module's source.
         description: One line on what the skill does and when to use it.
-        overwrite: Replace an existing skill of this name (the approval request shows it).
+        overwrite: Replace an existing skill of this name (the approval request shows it); the
+            next import in this kernel loads the new code.
 
     Returns:
         The host's confirmation.
@@ -183,6 +192,8 @@ def save_skill(name: str, code: str, description: str, *, overwrite: bool = Fals
         "save_skill",
         {"name": name, "code": code, "description": description, "overwrite": overwrite},
     )
-    # The import system caches directory listings; the new skill must be importable at once.
+    # The import system caches directory listings; the new skill must be importable at once, and an
+    # overwritten one imported afresh rather than from the module loaded before.
     importlib.invalidate_caches()
+    sys.modules.pop(f"{SKILLS_PACKAGE}.{name}", None)
     return output.text

@@ -191,6 +191,8 @@ async def test_the_kernel_overwrites_a_skill_only_when_the_host_approves_the_sav
     skilled: CodeExecutor, skills_dir: Path
 ) -> None:
     await skilled.save_skill("counter", counter(1), description="Returns one", overwrite=True)
+    use = "from skills.counter import run\nprint(run())"
+    assert (await skilled.execute(use)).text == "1\n"
     save = (
         "import ipybox_kernel\ntry:\n    print(ipybox_kernel.save_skill('counter', {code!r}, 'Returns two'{extra}))\n"
     )
@@ -210,8 +212,8 @@ async def test_the_kernel_overwrites_a_skill_only_when_the_host_approves_the_sav
 
     _, result = await collect(skilled, save.format(code=counter(2), extra=", overwrite=True"))
     assert result.text == "saved skill 'counter'; import it with `from skills.counter import run`\n"
-    await skilled.reset()
-    assert (await skilled.execute("from skills.counter import run\nprint(run())")).text == "2\n"
+    # The kernel that imported the old module gets the new one on its next import.
+    assert (await skilled.execute(use)).text == "2\n"
     assert [s.description for s in list_skills(skills_dir) if s.name == "counter"] == ["Returns two"]
 
 

@@ -30,6 +30,7 @@ from ipybox_kernel._skills import (
     MAX_DESCRIPTION_CHARS,
     MAX_SKILL_MD_BYTES,
     SKILLS_PACKAGE,
+    is_skill_name,
     render_skill_md,
     scan_skills,
 )
@@ -49,7 +50,6 @@ SKILLS_PACKAGE_INIT = '"""Skills saved with ipybox: one subpackage per skill (SK
 # A skill is one module a model wrote; far more than any such module, far less than a risk to the
 # host's memory when it is parsed.
 MAX_CODE_CHARS = 256 * 1024
-MAX_NAME_CHARS = 64
 # Names a skill may not take: its module would be confused with these packages in prompts and code.
 _RESERVED = frozenset({"ipybox", "ipybox_kernel", "mcptools", SKILLS_PACKAGE})
 _MODULE = "__init__.py"
@@ -99,11 +99,11 @@ def check_skill(name: object, code: object, description: object, *, reserved: It
 
 
 def _check_name(label: str, name: object, reserved: Iterable[str]) -> None:
-    if not isinstance(name, str) or not _is_plain_name(name):
+    if not isinstance(name, str) or not is_skill_name(name):
         raise InvalidSkill(
             label,
             "name",
-            f"must be a lowercase Python identifier of at most {MAX_NAME_CHARS} characters: letters a-z, digits "
+            "must be a lowercase Python identifier of at most 64 characters: letters a-z, digits "
             "and '_', starting with a letter (e.g. 'summarize_forecasts')",
         )
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
@@ -112,15 +112,6 @@ def _check_name(label: str, name: object, reserved: Iterable[str]) -> None:
         raise InvalidSkill(
             name, "name", "is the name of a module kernel code imports; choose one that says what the skill does"
         )
-
-
-def _is_plain_name(name: str) -> bool:
-    return (
-        0 < len(name) <= MAX_NAME_CHARS
-        and name.isascii()
-        and name[0].islower()
-        and all(c.islower() or c.isdigit() or c == "_" for c in name)
-    )
 
 
 def _check_description(label: str, description: object) -> None:
