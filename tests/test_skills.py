@@ -268,11 +268,16 @@ async def test_the_langchain_tools_instructions_show_saved_skills_and_how_to_sav
     assert "class greet:" in tool.instructions
 
 
-def test_a_skills_dir_overlapping_the_tools_dir_is_refused(workspace: Path) -> None:
+def test_a_skills_dir_through_a_symlink_in_the_workspace_or_overlapping_the_tools_dir_is_refused(
+    workspace: Path, tmp_path: Path
+) -> None:
+    (workspace / "planted").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(UsageError, match=r"skills_dir .*planted.* goes through the symlink"):
+        CodeExecutor(workspace=workspace, skills_dir=workspace / "planted")
+    with pytest.raises(UsageError, match=r"skills_dir .*planted/skills.* goes through the symlink .* inside"):
+        CodeExecutor(workspace=workspace, skills_dir=workspace / "planted" / "skills")
     with pytest.raises(UsageError, match="overlap"):
-        CodeExecutor(
-            workspace=workspace, tools_dir=workspace / "mcptools", skills_dir=workspace / "mcptools" / "skills"
-        )
+        CodeExecutor(workspace=workspace, tools_dir=workspace / "mcptools", skills_dir=workspace / "mcptools" / "s")
     with pytest.raises(UsageError, match="overlap"):
         CodeExecutor(workspace=workspace, tools_dir=workspace / "skills", skills_dir=workspace / "saved")
-    assert not os.path.exists(workspace / "mcptools")
+    assert sorted(os.listdir(workspace)) == ["planted"]
