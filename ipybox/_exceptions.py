@@ -56,7 +56,7 @@ class InvalidSkill(UsageError):
 
     Attributes:
         skill: The name the skill was to be saved under.
-        field: What to change: ``"name"``, ``"code"`` or ``"description"``.
+        field: What to change: ``"name"``, ``"code"``, ``"description"`` (or ``"overwrite"``).
         problem: What is wrong with it and how to fix it.
     """
 

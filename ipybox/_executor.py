@@ -17,8 +17,6 @@ from typing import Any, Literal, Self
 import anyio
 import anyio.abc
 
-from ipybox_kernel._skills import SKILLS_PACKAGE
-
 from ._approval import Approval, ApprovalDecision, check_approval, decide_by_policy
 from ._channel import ToolRequest
 from ._config import Limits, SandboxConfig, Timeouts, check_seconds
@@ -43,7 +41,15 @@ from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver import ToolServer
 from ._workspace import copy_file, write_file
 from .sandbox._sandbox import resolve_sandbox
-from .skills._store import Skill, check_skill, prepare_skills_dir, write_skill
+from .skills._store import (
+    SKILLS_PACKAGE,
+    Skill,
+    check_skill,
+    prepare_skills_dir,
+    skill_arguments,
+    skills_dir_path,
+    write_skill,
+)
 
 __all__ = ("CodeExecutor",)
 
@@ -139,7 +145,9 @@ class CodeExecutor:
         self._skills_given = Path(os.path.join(os.getcwd(), skills_dir)) if skills_dir is not None else None
         self.skills_dir: Path | None = None
         if self._skills_given is not None:
-            self.skills_dir = self._check_skills_dir(self._skills_given)
+            self.skills_dir = skills_dir_path(
+                self._skills_given, kernel_writable=self._kernel_writable(), tools_dir=self.tools_dir
+            )
         self.approval: Approval = approval
         self.limits = limits or Limits()
         self.timeouts = timeouts or Timeouts()
@@ -250,21 +258,6 @@ class CodeExecutor:
             link.unlink(missing_ok=True)
             link.symlink_to(real, target_is_directory=True)
 
-    def _check_skills_dir(self, given: Path) -> Path:
-        real = tools_dir_path(given, kernel_writable=self._kernel_writable(), what="skills_dir")
-        if real.parent == real:
-            raise UsageError("skills_dir cannot be the filesystem root")
-        if self.tools_dir is not None and (
-            real.is_relative_to(self.tools_dir)
-            or self.tools_dir.is_relative_to(real)
-            or self.tools_dir.name == SKILLS_PACKAGE
-        ):
-            raise UsageError(
-                f"skills_dir {str(given)!r} and tools_dir {str(self.tools_dir)!r} overlap (or the tools package is "
-                f"named {SKILLS_PACKAGE!r}); give each its own directory"
-            )
-        return real
-
     def _prepare_skills_dir(self) -> None:
         """Create and check the skills directory before a kernel starts, as `_prepare_tools_dir`
         does the tools directory, and link it into the import root as ``skills``.
@@ -274,8 +267,9 @@ class CodeExecutor:
         """
         if self._skills_given is None:
             return
-        self._check_skills_dir(self._skills_given)
-        self.skills_dir = prepare_skills_dir(self._skills_given, kernel_writable=self._kernel_writable())
+        self.skills_dir = prepare_skills_dir(
+            self._skills_given, kernel_writable=self._kernel_writable(), tools_dir=self.tools_dir
+        )
         self._link_import(SKILLS_PACKAGE, self.skills_dir)
 
     def _mounted_tools_dir(self) -> Path | None:
@@ -498,8 +492,10 @@ class CodeExecutor:
         Raises:
             InvalidSkill: The name, code or description cannot be used, or the skill exists and
                 ``overwrite`` is false; the message says what to change.
-            UsageError: The executor has no skills directory, or it cannot be trusted any more.
+            UsageError: The executor is not running or has no skills directory, or the directory
+                cannot be trusted any more.
         """
+        self._require_running()
         if self._skills_given is None:
             raise UsageError("this CodeExecutor has no skills directory; pass skills_dir='skills' (or another path)")
         check_skill(name, code, description, reserved=self._reserved_names())
@@ -514,12 +510,7 @@ class CodeExecutor:
         return [self.tools_dir.name] if self.tools_dir is not None else []
 
     async def _save_skill_from_kernel(self, arguments: Mapping[str, object]) -> str:
-        overwrite = arguments.get("overwrite", False)
-        if not isinstance(overwrite, bool):
-            raise UsageError("save_skill's 'overwrite' must be true or false")
-        name, code, description = (arguments.get(key) for key in ("name", "code", "description"))
-        check_skill(name, code, description, reserved=self._reserved_names())
-        assert isinstance(name, str) and isinstance(code, str) and isinstance(description, str)
+        name, code, description, overwrite = skill_arguments(arguments)
         skill = await self.save_skill(name, code, description=description, overwrite=overwrite)
         return f"saved skill {skill.name!r}; import it with `from {skill.module} import run`"
 

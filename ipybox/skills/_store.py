@@ -20,12 +20,12 @@ import secrets
 import shutil
 import stat
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ipybox._exceptions import InvalidSkill, UsageError
-from ipybox._tooldir import open_tools_dir, prepare_package_dir
+from ipybox._tooldir import open_tools_dir, prepare_package_dir, tools_dir_path
 from ipybox_kernel._skills import (
     MAX_DESCRIPTION_CHARS,
     MAX_SKILL_MD_BYTES,
@@ -37,12 +37,15 @@ from ipybox_kernel._skills import (
 
 __all__ = (
     "MAX_CODE_CHARS",
+    "SKILLS_PACKAGE",
     "Skill",
     "check_skill",
     "list_skills",
     "prepare_skills_dir",
     "read_skill_file",
     "save_skill",
+    "skill_arguments",
+    "skills_dir_path",
     "write_skill",
 )
 
@@ -160,12 +163,50 @@ def _check_code(label: str, code: object) -> None:
         )
 
 
-def prepare_skills_dir(given: Path | str, *, kernel_writable: Sequence[Path] = ()) -> Path:
+def skill_arguments(arguments: Mapping[str, object]) -> tuple[str, str, str, bool]:
+    """``name``, ``code``, ``description`` and ``overwrite`` of a save request from kernel code.
+
+    Raises:
+        InvalidSkill: One of them is missing or of the wrong type.
+    """
+    name, code, description = (arguments.get(key) for key in ("name", "code", "description"))
+    check_skill(name, code, description)
+    overwrite = arguments.get("overwrite", False)
+    if not isinstance(overwrite, bool):
+        raise InvalidSkill(str(name), "overwrite", "must be true or false")
+    assert isinstance(name, str) and isinstance(code, str) and isinstance(description, str)
+    return name, code, description, overwrite
+
+
+def skills_dir_path(given: Path, *, kernel_writable: Sequence[Path], tools_dir: Path | None) -> Path:
+    """The real path of an executor's skills directory ``given`` (see `ipybox._tooldir.tools_dir_path`).
+
+    Raises:
+        UsageError: It goes through a symlink the kernel may have planted, is the filesystem root,
+            or overlaps the tools directory (or that is called ``skills`` too).
+    """
+    real = tools_dir_path(given, kernel_writable=kernel_writable, what="skills_dir")
+    if real.parent == real:
+        raise UsageError("skills_dir cannot be the filesystem root")
+    if tools_dir is not None and (
+        real.is_relative_to(tools_dir) or tools_dir.is_relative_to(real) or tools_dir.name == SKILLS_PACKAGE
+    ):
+        raise UsageError(
+            f"skills_dir {str(given)!r} and tools_dir {str(tools_dir)!r} overlap (or the tools package is named "
+            f"{SKILLS_PACKAGE!r}); give each its own directory"
+        )
+    return real
+
+
+def prepare_skills_dir(
+    given: Path | str, *, kernel_writable: Sequence[Path] = (), tools_dir: Path | None = None
+) -> Path:
     """Create the skills directory if it is missing and check it (see `ipybox._tooldir`); its real path.
 
     Raises:
-        UsageError: It cannot be trusted; the message names the fix.
+        UsageError: It cannot be trusted, or overlaps ``tools_dir``; the message names the fix.
     """
+    skills_dir_path(Path(given), kernel_writable=kernel_writable, tools_dir=tools_dir)
     return prepare_package_dir(given, kernel_writable=kernel_writable, what="skills_dir", init_text=SKILLS_PACKAGE_INIT)
 
 
