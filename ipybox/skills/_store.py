@@ -57,6 +57,7 @@ MAX_CODE_CHARS = 256 * 1024
 _RESERVED = frozenset({"ipybox", "ipybox_kernel", "mcptools", SKILLS_PACKAGE})
 _MODULE = "__init__.py"
 _CARD = "SKILL.md"
+_LABEL_CHARS = 100
 _NOFOLLOW_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -95,7 +96,8 @@ def check_skill(name: object, code: object, description: object, *, reserved: It
     Raises:
         InvalidSkill: The field and what to change.
     """
-    label = name if isinstance(name, str) else repr(name)
+    # Cut: a name that is not one may be any text kernel code sent, and errors repeat it.
+    label = (name if isinstance(name, str) else repr(name))[:_LABEL_CHARS]
     _check_name(label, name, reserved)
     _check_description(label, description)
     _check_code(label, code)
