@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._exceptions import ExecutionLost as ExecutionLost
     from ._exceptions import ExecutionTimeout as ExecutionTimeout
     from ._exceptions import GenerationError as GenerationError
+    from ._exceptions import InvalidSkill as InvalidSkill
     from ._exceptions import IpyboxError as IpyboxError
     from ._exceptions import KernelDied as KernelDied
     from ._exceptions import KernelError as KernelError
@@ -45,6 +46,10 @@ if TYPE_CHECKING:
     from .codegen._search import render_tool_summary as render_tool_summary
     from .codegen._search import search_tools as search_tools
     from .codegen._stubs import render_tool_stubs as render_tool_stubs
+    from .skills._store import Skill as Skill
+    from .skills._store import list_skills as list_skills
+    from .skills._store import save_skill as save_skill
+    from .skills._stubs import render_skill_stubs as render_skill_stubs
 
     __version__: str
 
@@ -71,6 +76,7 @@ _LAZY = {
     "GenerationError": "._exceptions",
     "HttpServer": "._mcp",
     "Image": "._results",
+    "InvalidSkill": "._exceptions",
     "IpyboxError": "._exceptions",
     "KernelDied": "._exceptions",
     "KernelError": "._exceptions",
@@ -81,16 +87,20 @@ _LAZY = {
     "PackageInstallError": "._packages",
     "SandboxConfig": "._config",
     "SandboxUnavailable": "._exceptions",
+    "Skill": ".skills._store",
     "StdioServer": "._mcp",
     "Timeouts": "._config",
     "ToolMatch": ".codegen._search",
     "UsageError": "._exceptions",
     "catalogue_mode": ".codegen._search",
     "generate_mcp_sources": ".codegen._codegen",
+    "list_skills": ".skills._store",
     "render_match_stubs": ".codegen._search",
+    "render_skill_stubs": ".skills._stubs",
     "render_tool_catalogue": ".codegen._search",
     "render_tool_stubs": ".codegen._stubs",
     "render_tool_summary": ".codegen._search",
+    "save_skill": ".skills._store",
     "search_tools": ".codegen._search",
 }
 
@@ -113,6 +123,7 @@ __all__ = (
     "GenerationError",
     "HttpServer",
     "Image",
+    "InvalidSkill",
     "IpyboxError",
     "KernelDied",
     "KernelError",
@@ -123,16 +134,20 @@ __all__ = (
     "PackageInstallError",
     "SandboxConfig",
     "SandboxUnavailable",
+    "Skill",
     "StdioServer",
     "Timeouts",
     "ToolMatch",
     "UsageError",
     "catalogue_mode",
     "generate_mcp_sources",
+    "list_skills",
     "render_match_stubs",
+    "render_skill_stubs",
     "render_tool_catalogue",
     "render_tool_stubs",
     "render_tool_summary",
+    "save_skill",
     "search_tools",
 )
 

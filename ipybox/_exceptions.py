@@ -6,6 +6,7 @@ second::
 
     IpyboxError
     ├── UsageError                a wrong argument or option; the message names the fix
+    │   └── InvalidSkill          a skill was refused (skill, field, problem)
     ├── SandboxUnavailable        the requested sandbox cannot be used on this machine
     ├── KernelError               the kernel process failed
     │   ├── KernelStartError      it did not become ready
@@ -31,6 +32,7 @@ __all__ = (
     "ExecutionLost",
     "ExecutionTimeout",
     "GenerationError",
+    "InvalidSkill",
     "IpyboxError",
     "KernelDied",
     "KernelError",
@@ -47,6 +49,22 @@ class IpyboxError(Exception):
 
 class UsageError(IpyboxError, ValueError):
     """ipybox was called with an argument or option that cannot work; the message names the fix."""
+
+
+class InvalidSkill(UsageError):
+    """A skill was refused before anything was written: its name, code or description cannot be used.
+
+    Attributes:
+        skill: The name the skill was to be saved under.
+        field: What to change: ``"name"``, ``"code"``, ``"description"`` (or ``"overwrite"``).
+        problem: What is wrong with it and how to fix it.
+    """
+
+    def __init__(self, skill: str, field: str, problem: str) -> None:
+        super().__init__(f"skill {skill!r} was not saved: its {field} {problem}")
+        self.skill = skill
+        self.field = field
+        self.problem = problem
 
 
 class SandboxUnavailable(IpyboxError):

@@ -41,6 +41,15 @@ from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver import ToolServer
 from ._workspace import copy_file, write_file
 from .sandbox._sandbox import resolve_sandbox
+from .skills._store import (
+    SKILLS_PACKAGE,
+    Skill,
+    check_skill,
+    prepare_skills_dir,
+    skill_arguments,
+    skills_dir_path,
+    write_skill,
+)
 
 __all__ = ("CodeExecutor",)
 
@@ -91,6 +100,12 @@ class CodeExecutor:
         approval: How tool calls from the kernel are approved: ``"ask"`` (each one becomes an
             `ApprovalRequest` event of the execution, answered by the application), ``"auto"``,
             `ApprovalRules`, or a callback that receives the `ApprovalRequest`.
+        skills_dir: Where skills are saved (`save_skill`), or None for no skills. Importable by the
+            kernel as the package ``skills`` (``from skills.<name> import run``), whatever the
+            directory is called; kernel code lists them with ``ipybox_kernel.list_skills()`` and
+            saves one with ``ipybox_kernel.save_skill(...)``, a call to the host approved like any
+            tool call. Created if missing, mounted read-only, and held to the same rules as
+            ``tools_dir``.
     """
 
     def __init__(
@@ -103,6 +118,7 @@ class CodeExecutor:
         timeouts: Timeouts | None = None,
         tools_dir: Path | str | None = "mcptools",
         approval: Approval = "ask",
+        skills_dir: Path | str | None = None,
     ) -> None:
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
@@ -126,6 +142,12 @@ class CodeExecutor:
                 raise UsageError(f"tools_dir {str(tools_dir)!r} is not a directory")
             if self.tools_dir.parent == self.tools_dir:
                 raise UsageError("tools_dir cannot be the filesystem root")
+        self._skills_given = Path(os.path.join(os.getcwd(), skills_dir)) if skills_dir is not None else None
+        self.skills_dir: Path | None = None
+        if self._skills_given is not None:
+            self.skills_dir = skills_dir_path(
+                self._skills_given, kernel_writable=self._kernel_writable(), tools_dir=self.tools_dir
+            )
         self.approval: Approval = approval
         self.limits = limits or Limits()
         self.timeouts = timeouts or Timeouts()
@@ -173,7 +195,10 @@ class CodeExecutor:
             call_timeout=self.timeouts.tool,
         )
         self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
+        if self._skills_given is not None:
+            self._tools.register_builtin(BUILTIN_SERVER, "save_skill", self._save_skill_from_kernel)
         self._prepare_tools_dir()
+        self._prepare_skills_dir()
         if self.tools_dir is not None:
             for name, params in load_manifest(self.tools_dir).items():
                 self._tools.register(name, params)
@@ -219,15 +244,33 @@ class CodeExecutor:
             real = prepare_tools_dir(self._tools_given, kernel_writable=writable)
         # else: out of the kernel's reach, and nothing to mount until sources are generated there.
         self.tools_dir = real
-        # The kernel imports the tools package from a directory holding nothing else, not from the
-        # tools directory's parent: that is often the workspace, where kernel code can plant a
+        self._link_import(real.name, real)
+
+    def _link_import(self, package: str, real: Path) -> None:
+        # The kernel imports the tools and skills packages from a directory holding nothing else, not
+        # from their parent: that is often the workspace, where kernel code can plant a
         # ``pydantic.py`` that would then shadow what generated modules import.
+        assert self._home is not None
         imports = self._home / IMPORT_ROOT
         imports.mkdir(mode=0o700, exist_ok=True)
-        link = imports / real.name
+        link = imports / package
         if not link.is_symlink() or os.readlink(link) != str(real):
             link.unlink(missing_ok=True)
             link.symlink_to(real, target_is_directory=True)
+
+    def _prepare_skills_dir(self) -> None:
+        """Create and check the skills directory before a kernel starts, as `_prepare_tools_dir`
+        does the tools directory, and link it into the import root as ``skills``.
+
+        Raises:
+            UsageError: The skills directory cannot be trusted; the message names the fix.
+        """
+        if self._skills_given is None:
+            return
+        self.skills_dir = prepare_skills_dir(
+            self._skills_given, kernel_writable=self._kernel_writable(), tools_dir=self.tools_dir
+        )
+        self._link_import(SKILLS_PACKAGE, self.skills_dir)
 
     def _mounted_tools_dir(self) -> Path | None:
         return self.tools_dir if self.tools_dir is not None and self.tools_dir.is_dir() else None
@@ -241,14 +284,20 @@ class CodeExecutor:
         return Kernel.start(
             python=default_python(),
             env=kernel_env(
-                self._home, self._token, tools=self.tools_dir, sandboxed=self.sandbox is not None, extra=self._env
+                self._home,
+                self._token,
+                tools=self.tools_dir,
+                sandboxed=self.sandbox is not None,
+                extra=self._env,
+                skills=self.skills_dir,
             ),
             workspace=self.workspace,
-            sandbox=kernel_sandbox(self.sandbox, self._home, tools=self.tools_dir),
+            sandbox=kernel_sandbox(self.sandbox, self._home, tools=self.tools_dir, skills=self.skills_dir),
             tools_dir=self._mounted_tools_dir(),
             hidden=hidden_paths(self._mounted_tools_dir()),
             limits=self.limits,
             start_timeout=self.timeouts.start,
+            skills_dir=self.skills_dir,
         )
 
     def _recheck_tools_dir(self) -> None:
@@ -261,6 +310,10 @@ class CodeExecutor:
             self._prepare_tools_dir()
         except (OSError, UsageError) as exc:
             raise KernelStartError(f"the tools directory cannot be used any more: {exc}") from exc
+        try:
+            self._prepare_skills_dir()
+        except (OSError, UsageError) as exc:
+            raise KernelStartError(f"the skills directory cannot be used any more: {exc}") from exc
 
     async def reset(self) -> None:
         """Replace the kernel with a fresh one. Variables are lost; workspace files are kept."""
@@ -413,6 +466,53 @@ class CodeExecutor:
         if not isinstance(package, str):
             raise UsageError("install_package needs a 'package' string")
         return await self.install(package)
+
+    async def save_skill(self, name: str, code: str, *, description: str, overwrite: bool = False) -> Skill:
+        """Save ``code`` as the skill ``name`` in the skills directory, importable by the kernel as
+        ``skills.<name>`` at once (also after `reset` and in later executors on this directory).
+
+        To keep a code action that worked, save its code (``execution.code``) once it defines
+        ``run``: a skill is a module with an entry point, not a script that runs on import. Saving
+        from the host needs no approval; kernel code saves through ``ipybox_kernel.save_skill``,
+        which does.
+
+        Args:
+            name: The skill's name and module name: a lowercase identifier that is not a keyword
+                and shadows no module kernel code imports.
+            code: A Python module defining ``run``; give the module and ``run`` docstrings and
+                ``run`` typed parameters, which prompts show (`render_skill_stubs`). Compiled on the
+                host, never imported there.
+            description: One line on what the skill does and when to use it (``SKILL.md``).
+            overwrite: Replace a skill of the same name. A module the kernel imported already stays
+                loaded until `reset` (or ``importlib.reload``).
+
+        Returns:
+            The saved skill.
+
+        Raises:
+            InvalidSkill: The name, code or description cannot be used, or the skill exists and
+                ``overwrite`` is false; the message says what to change.
+            UsageError: The executor is not running or has no skills directory, or the directory
+                cannot be trusted any more.
+        """
+        self._require_running()
+        if self._skills_given is None:
+            raise UsageError("this CodeExecutor has no skills directory; pass skills_dir='skills' (or another path)")
+        check_skill(name, code, description, reserved=self._reserved_names())
+        # The directory may have been deleted, or a symlink planted on its way, since the kernel started.
+        self._prepare_skills_dir()
+        assert self.skills_dir is not None
+        return await anyio.to_thread.run_sync(
+            functools.partial(write_skill, self.skills_dir, name, code, description, overwrite=overwrite)
+        )
+
+    def _reserved_names(self) -> list[str]:
+        return [self.tools_dir.name] if self.tools_dir is not None else []
+
+    async def _save_skill_from_kernel(self, arguments: Mapping[str, object]) -> str:
+        name, code, description, overwrite = skill_arguments(arguments)
+        skill = await self.save_skill(name, code, description=description, overwrite=overwrite)
+        return f"saved skill {skill.name!r}; import it with `from {skill.module} import run`"
 
     async def _gate(self, call: ToolRequest, *, server: str, annotations: Mapping[str, Any] | None) -> ApprovalDecision:
         driver = self._current

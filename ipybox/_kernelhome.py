@@ -24,12 +24,18 @@ logger = logging.getLogger(__name__)
 
 # Variables the kernel needs from the host's environment; nothing else is passed on.
 _PASSED_ENV = ("LANG", "LC_ALL", "TZ")
-# The executor's private directory that holds only a link to the tools directory, for PYTHONPATH.
+# The executor's private directory that holds only links to the tools and skills directories, for PYTHONPATH.
 IMPORT_ROOT = "imports"
 
 
 def kernel_env(
-    home: Path, token: str, *, tools: Path | None, sandboxed: bool, extra: Mapping[str, str]
+    home: Path,
+    token: str,
+    *,
+    tools: Path | None,
+    sandboxed: bool,
+    extra: Mapping[str, str],
+    skills: Path | None = None,
 ) -> dict[str, str]:
     """The kernel's whole environment: what Python needs, the tool channel, and ``extra``."""
     env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
@@ -46,12 +52,15 @@ def kernel_env(
     # Host-owned directories only: the workspace is appended to the end of sys.path by the
     # kernel's launcher, so nothing planted there shadows the tools or installed packages.
     paths = [str(home / "packages")]
-    if tools is not None:
+    if tools is not None or skills is not None:
         paths.insert(0, str(home / IMPORT_ROOT))
     env["PYTHONPATH"] = os.pathsep.join(paths)
     if tools is not None:
         # Where ipybox_kernel.search_tools reads the generated packages (mounted read-only).
         env["IPYBOX_TOOLS_DIR"] = str(tools)
+    if skills is not None:
+        # Where ipybox_kernel.list_skills reads the saved skills (mounted read-only).
+        env["IPYBOX_SKILLS_DIR"] = str(skills)
     env["IPYBOX_TOOL_SOCKET"] = str(home / "tools.sock")
     env["IPYBOX_TOOL_TOKEN"] = token
     if sandboxed:
@@ -64,14 +73,16 @@ def kernel_env(
     return env
 
 
-def kernel_sandbox(sandbox: SandboxConfig | None, home: Path, *, tools: Path | None) -> SandboxConfig | None:
+def kernel_sandbox(
+    sandbox: SandboxConfig | None, home: Path, *, tools: Path | None, skills: Path | None = None
+) -> SandboxConfig | None:
     """``sandbox`` with the executor's private paths added read-only."""
     if sandbox is None:
         return None
     # The socket, the packages and the import root are host-owned: the kernel may use them, not
     # change them.
     extra = [home / "tools.sock", home / "packages"]
-    if tools is not None:
+    if tools is not None or skills is not None:
         extra.append(home / IMPORT_ROOT)
     return dataclasses.replace(sandbox, ro_paths=[*sandbox.ro_paths, *extra])
 

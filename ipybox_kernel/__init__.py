@@ -15,6 +15,14 @@ and to find the generated tool modules that fit a task (read from the tools dire
     for match in search_tools("list open issues with a label", k=3):
         print(match.module, match.description)
 
+and to keep code that worked as a skill, importable later as ``skills.<name>`` (the host asks for
+approval first, like for any tool call)::
+
+    from ipybox_kernel import list_skills, save_skill
+
+    save_skill("city_weather", source, "Current weather of a city, one line")
+    [skill.name for skill in list_skills()]
+
 Exceptions, all raised in the kernel::
 
     ToolCallError                 the call did not return a result (server_name, tool_name, message)
@@ -48,10 +56,14 @@ from ._client import (
 if TYPE_CHECKING:
     from ._search import ToolMatch as ToolMatch
     from ._search import search_tools as search_tools
+    from ._skills import SkillInfo as SkillInfo
+    from ._skills import list_skills as list_skills
+    from ._skills import save_skill as save_skill
 
 __all__ = (
     "MCPServerCrashed",
     "MCPServerStartError",
+    "SkillInfo",
     "ToolCallError",
     "ToolCallRejected",
     "ToolCallTimeout",
@@ -62,19 +74,29 @@ __all__ = (
     "ToolServerUnavailable",
     "acall_tool",
     "call_tool",
+    "list_skills",
+    "save_skill",
     "search_tools",
 )
 
+
+# Loaded on first use, not with every kernel: the search (ast, pathlib, its regexes) costs ~15 ms.
+_LAZY = {
+    "ToolMatch": "._search",
+    "search_tools": "._search",
+    "SkillInfo": "._skills",
+    "list_skills": "._skills",
+    "save_skill": "._skills",
+}
 
 # Hidden from type checkers, which would otherwise take any attribute of the package for Any.
 if not TYPE_CHECKING:
 
     def __getattr__(name: str) -> Any:
-        # The search (ast, pathlib, its regexes: ~15 ms) loads on first use, not with every kernel.
-        if name in ("ToolMatch", "search_tools"):
-            from . import _search
+        if name in _LAZY:
+            from importlib import import_module
 
-            value = getattr(_search, name)
+            value = getattr(import_module(_LAZY[name], __name__), name)
             globals()[name] = value
             return value
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -695,3 +695,43 @@ def test_network_clients_may_register_servers_only_when_the_operator_allows_it(t
     assert allowed("--transport", "http") is False
     assert allowed("--transport", "http", "--allow-register") is True
     assert allowed("--no-register") is False
+
+
+# -- skills ------------------------------------------------------------------------------------
+
+
+async def test_with_a_skills_dir_the_server_saves_and_lists_skills_that_later_sessions_import(tmp_path: Path) -> None:
+    workspace, tmp, skills = tmp_path / "ws", tmp_path / "tmp", tmp_path / "skills"
+    workspace.mkdir()
+    tmp.mkdir()
+    user = Elicitor()
+    code = '"""Doubles numbers."""\n\n\ndef run(x: int) -> int:\n    """Twice x."""\n    return 2 * x\n'
+    params = _stdio(workspace, tmp, "--skills-dir", str(skills))
+    with anyio.fail_after(START_TIMEOUT * 2):
+        async with Client(params, elicitation_callback=user, mode="legacy") as client:
+            assert "save_skill" in (client.instructions or "")
+            tools = {t.name for t in (await client.list_tools()).tools}
+            assert {"save_skill", "list_skills"} <= tools
+            assert "No skills are saved yet" in _text(await _call(client, "list_skills"))
+
+            saved = await _call(client, "save_skill", name="doubler", code=code, description="Doubles a number")
+            assert _text(saved) == "saved skill 'doubler': `from skills.doubler import run`"
+            refused = await _call(client, "save_skill", name="json", code=code, description="Shadows json")
+            assert refused.is_error and "its name is the name of a module" in _text(refused)
+            listing = _text(await _call(client, "list_skills"))
+            assert "class doubler:  # Doubles a number" in listing and "def run(x: int) -> int" in listing
+
+            used = await _call(client, "execute_ipython_cell", code="from skills.doubler import run\nprint(run(21))")
+            assert _text(used) == "42\n"
+            # Kernel code saves through the host, asking the client's user first.
+            from_kernel = (
+                "import ipybox_kernel\ntry:\n    ipybox_kernel.save_skill('halver', 'def run(x: int) -> float:\\n"
+                "    return x / 2\\n', 'decline me')\nexcept ipybox_kernel.ToolCallRejected:\n    print('declined')"
+            )
+            assert _text(await _call(client, "execute_ipython_cell", code=from_kernel)) == "declined\n"
+            assert "'save_skill'" in user.messages[-1] and "'ipybox'" in user.messages[-1]
+        async with Client(params, elicitation_callback=user, mode="legacy") as client:
+            again = await _call(client, "execute_ipython_cell", code="from skills.doubler import run\nprint(run(4))")
+            assert _text(again) == "8\n"
+            assert "halver" not in _text(await _call(client, "list_skills"))
+        await _assert_clean(tmp)

@@ -121,6 +121,7 @@ class Kernel:
         limits: Limits,
         start_timeout: float,
         run_dir: Path | None = None,
+        skills_dir: Path | None = None,
     ) -> AsyncGenerator[Kernel]:
         """Launch a kernel and wait until it answers on every channel it uses.
 
@@ -133,6 +134,7 @@ class Kernel:
         ready_read: int | None = None
         ready_write: int | None = None
         tools_fd: int | None = None
+        skills_fd: int | None = None
         try:
             env = dict(env)
             if "HOME" not in env:
@@ -155,6 +157,11 @@ class Kernel:
                         tools_fd = open_tools_dir(tools_dir)
                     except UsageError as exc:
                         raise KernelStartError(str(exc)) from None
+                if skills_dir is not None:
+                    try:
+                        skills_fd = open_tools_dir(skills_dir, what="skills_dir")
+                    except UsageError as exc:
+                        raise KernelStartError(str(exc)) from None
                 seccomp_fd = sandbox_filter_fd()
                 argv = [
                     *bwrap_argv(
@@ -167,6 +174,7 @@ class Kernel:
                         seccomp_fd=seccomp_fd,
                         socket_dir=SANDBOX_SOCKET_DIR,
                         tools_dir_fd=tools_fd,
+                        host_dirs=[(skills_dir, skills_fd)] if skills_dir is not None and skills_fd is not None else (),
                     ),
                     *argv,
                 ]
@@ -190,14 +198,15 @@ class Kernel:
                 env=env,
                 cwd=workspace,
                 start_new_session=True,
-                pass_fds=tuple(fd for fd in (seccomp_fd, ready_write, tools_fd) if fd is not None),
+                pass_fds=tuple(fd for fd in (seccomp_fd, ready_write, tools_fd, skills_fd) if fd is not None),
             )
             # bwrap has its own copies; ours must not leak into later children, and the ready pipe
             # must reach end-of-file when the sandbox exits.
             close_fd(seccomp_fd)
             close_fd(ready_write)
             close_fd(tools_fd)
-            seccomp_fd = ready_write = tools_fd = None
+            close_fd(skills_fd)
+            seccomp_fd = ready_write = tools_fd = skills_fd = None
             kernel = cls(process, session, channels, run_dir, limits)
             failure: KernelStartError | None = None
             try:
@@ -237,7 +246,7 @@ class Kernel:
                 with anyio.CancelScope(shield=True):
                     await process.aclose()
         finally:
-            for fd in (seccomp_fd, ready_read, ready_write, tools_fd):
+            for fd in (seccomp_fd, ready_read, ready_write, tools_fd, skills_fd):
                 close_fd(fd)
             if cgroup is not None:
                 with anyio.CancelScope(shield=True):

@@ -34,6 +34,7 @@ from ipybox import (
     IpyboxError,
     KernelError,
     UsageError,
+    render_skill_stubs,
 )
 from ipybox.codegen._search import CatalogueMode, render_match_stubs, render_tool_catalogue, search_tools
 
@@ -100,6 +101,14 @@ SEARCH_TOOL_DESCRIPTION = (
 SEARCH_LIMIT = 20
 
 
+_SKILLS_GUIDE = """
+
+Skills are code saved because it worked: reuse one with `from skills.<name> import run` before \
+writing the same code again. To keep new code that worked, put it in a module with a docstring and a \
+typed `run(...)`, and call `ipybox_kernel.save_skill(name, code, description)` (it asks for approval \
+like a tool call).{stubs}"""
+
+
 @dataclass(frozen=True)
 class ToolText:
     """The instructions for a code-action tool, and what they show of the generated tools."""
@@ -120,6 +129,7 @@ def describe_tools(
     servers: Sequence[str] | None = None,
     catalogue: Catalogue = "auto",
     search_tool: str | None = None,
+    skills_dir: Path | str | None = None,
 ) -> ToolText:
     """`tool_instructions`' text, with the catalogue mode it chose (adapters offer a search tool
     next to the code tool when it is ``"summary"``).
@@ -130,20 +140,30 @@ def describe_tools(
         catalogue: What to show of the tools (see `Catalogue`).
         search_tool: The name of the search tool the model has next to this one; the summary
             points to it. None: the summary points to the search in kernel code.
+        skills_dir: The executor's skills directory: the text says how to save skills and shows
+            the stubs of the saved ones (None: no skills).
     """
     if catalogue not in ("auto", "stubs", "summary"):
         raise UsageError(f"catalogue must be 'auto', 'stubs' or 'summary', got {catalogue!r}")
+    skills = _skills_text(skills_dir)
     if tools_dir is None or not Path(tools_dir).is_dir():
-        return ToolText(_GUIDE.format(tools=""), None)
+        return ToolText(_GUIDE.format(tools="") + skills, None)
     mode, listing = render_tool_catalogue(tools_dir, mode=catalogue, servers=servers)
     # Nothing generated (or nothing of `servers`): the text describes the kernel alone.
     if not listing.strip() or (mode == "summary" and len(listing.splitlines()) <= _SUMMARY_HEADER_LINES):
-        return ToolText(_GUIDE.format(tools=""), None)
+        return ToolText(_GUIDE.format(tools="") + skills, None)
     search = ""
     if mode == "summary":
         search = _SEARCH_GUIDE.format(name=search_tool) if search_tool else _CODE_SEARCH_GUIDE
     tools = _TOOLS_GUIDE.format(search=search, catalogue=listing.strip())
-    return ToolText(_GUIDE.format(tools=tools), mode)
+    return ToolText(_GUIDE.format(tools=tools) + skills, mode)
+
+
+def _skills_text(skills_dir: Path | str | None) -> str:
+    if skills_dir is None:
+        return ""
+    stubs = render_skill_stubs(skills_dir).strip()
+    return _SKILLS_GUIDE.format(stubs="\n\n" + stubs if stubs else "")
 
 
 def tool_instructions(
@@ -151,6 +171,7 @@ def tool_instructions(
     *,
     servers: list[str] | None = None,
     catalogue: Catalogue = "auto",
+    skills_dir: Path | str | None = None,
 ) -> str:
     """How a model should use the code-action tool, with the typed stubs of the generated MCP tools.
 
@@ -164,8 +185,10 @@ def tool_instructions(
         catalogue: ``"auto"`` (default): every tool's stub while they fit 32,000 characters, else only
             servers and tool names; ``"stubs"`` or ``"summary"`` forces one. In the summary the model
             finds tools and their signatures by search in kernel code.
+        skills_dir: The executor's skills directory: the text says how to save skills and shows
+            the stubs of the saved ones (None: no skills).
     """
-    return describe_tools(tools_dir, servers=servers, catalogue=catalogue).text
+    return describe_tools(tools_dir, servers=servers, catalogue=catalogue, skills_dir=skills_dir).text
 
 
 async def search_stubs(tools_dir: Path | None, query: str, k: int = 5, *, servers: Sequence[str] | None = None) -> str:

@@ -189,7 +189,13 @@ class IpyboxTool(BaseTool):
                 to it (else to the search in kernel code). `ipybox_tools` sets it.
             **kwargs: Other `BaseTool` fields (``tags``, ``metadata``, ``callbacks``...).
         """
-        text = describe_tools(executor.tools_dir, servers=servers, catalogue=catalogue, search_tool=search_tool)
+        text = describe_tools(
+            executor.tools_dir,
+            servers=servers,
+            catalogue=catalogue,
+            search_tool=search_tool,
+            skills_dir=executor.skills_dir,
+        )
         super().__init__(
             executor=executor,
             name=name,

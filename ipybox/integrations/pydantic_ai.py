@@ -295,10 +295,17 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
                     self.executor.attach(self._key(ctx, part.tool_call_id)).cancel()
 
     def _render_instructions(self) -> ToolText:
-        root = self.executor.tools_dir
-        stamp = _tree_stamp(root)
+        root, skills = self.executor.tools_dir, self.executor.skills_dir
+        # A saved skill changes the instructions as much as generated tools do.
+        stamp = (_tree_stamp(root), _tree_stamp(skills))
         if self._instructions is None or self._instructions[0] != stamp:
-            text = describe_tools(root, servers=self._servers, catalogue=self._catalogue, search_tool=SEARCH_TOOL_NAME)
+            text = describe_tools(
+                root,
+                servers=self._servers,
+                catalogue=self._catalogue,
+                search_tool=SEARCH_TOOL_NAME,
+                skills_dir=skills,
+            )
             self._instructions = (stamp, text)
         return self._instructions[1]
 

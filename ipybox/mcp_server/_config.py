@@ -78,6 +78,9 @@ class ServerConfig:
         idle_ttl: Seconds without a request after which a session's kernel is shut down; the next
             request starts a fresh one (variables are lost; registered servers and files are kept).
             Over HTTP, a session whose client has gone away is closed after this time.
+        skills_dir: Where skills are saved (the ``save_skill`` and ``list_skills`` tools, and
+            ``ipybox_kernel.save_skill`` in kernel code); shared by every session, so a skill one
+            session saves is importable in the next. None: no skills.
     """
 
     workspace: Path
@@ -96,6 +99,7 @@ class ServerConfig:
     servers: Mapping[str, StdioServer | HttpServer] = field(default_factory=dict[str, StdioServer | HttpServer])
     allow_register: bool = True
     idle_ttl: float = DEFAULT_IDLE_TTL
+    skills_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.workspace.is_dir():
@@ -240,6 +244,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"largest upload/download in MiB (default: {DEFAULT_MAX_FILE_BYTES // 1024**2})",
     )
     kernel.add_argument(
+        "--skills-dir",
+        type=Path,
+        metavar="DIR",
+        help="save skills (code that worked, as importable modules) here and offer the save_skill and "
+        "list_skills tools; shared by all sessions (default: no skills)",
+    )
+    kernel.add_argument(
         "--no-register", action="store_true", help="clients may not register MCP servers (only --config ones)"
     )
     kernel.add_argument(
@@ -315,6 +326,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         # client only when the operator says so.
         allow_register=not args.no_register and (args.transport == "stdio" or args.allow_register),
         idle_ttl=args.idle_ttl,
+        skills_dir=args.skills_dir.expanduser().resolve() if args.skills_dir is not None else None,
         **extra,
     )
 

@@ -16,8 +16,9 @@ import base64
 import binascii
 import functools
 import mimetypes
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
@@ -54,6 +55,7 @@ from ipybox.codegen._codegen import generate_mcp_sources
 from ipybox.codegen._search import render_match_stubs
 from ipybox.codegen._search import search_tools as find_tools
 from ipybox.codegen._stubs import render_tool_stubs
+from ipybox.skills._stubs import render_skill_stubs
 
 from ._config import ServerConfig
 from ._sessions import Session, Sessions, sessions_of
@@ -72,6 +74,11 @@ among many) -> execute_ipython_cell with code \
 like `from mcptools.<server> import <tool>; r = <tool>.run(<tool>.Params(...))`, processing results \
 in Python and printing only what you need. Variables persist between cells until reset. Tool calls \
 from code may need the user's approval."""
+
+_SKILLS_INSTRUCTIONS = """ When code worked and is worth keeping, save it as a skill with save_skill \
+(a module with a typed `run(...)` and a docstring; kernel code can call ipybox_kernel.save_skill, which \
+needs approval): later cells, and later sessions, import it as `from skills.<name> import run`. \
+list_skills shows the saved skills; check them before writing new code."""
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -135,7 +142,8 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
                 await sessions.close_all()
                 tg.cancel_scope.cancel()
 
-    server = MCPServer("ipybox", version=__version__, instructions=_INSTRUCTIONS, lifespan=lifespan)
+    instructions = _INSTRUCTIONS + (_SKILLS_INSTRUCTIONS if config.skills_dir is not None else "")
+    server = MCPServer("ipybox", version=__version__, instructions=instructions, lifespan=lifespan)
 
     if shared:
         # The 2026 protocol is sessionless, so it has nowhere to keep a kernel between requests.
@@ -304,6 +312,9 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
             return f"No registered tool matches {query!r}; list_mcp_servers lists them all."
         return render_match_stubs(tools_dir, matches)
 
+    if config.skills_dir is not None:
+        _add_skill_tools(server, config.skills_dir, session_of)
+
     @server.tool(
         description=(
             "Install a Python package from the package index for the kernel (the kernel itself has no "
@@ -401,3 +412,40 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
         )
 
     return server
+
+
+def _add_skill_tools(server: MCPServer, skills_dir: Path, session_of: Callable[[Context], Awaitable[Session]]) -> None:
+    @server.tool(
+        description=(
+            "Save Python code that worked as a skill: a module importable by later cells and sessions as "
+            "`from skills.<name> import run`. The code must define `run(...)`; give it typed parameters and a "
+            "docstring, and the module a docstring saying what the skill is for (list_skills shows them). It is "
+            "compiled, not run. overwrite replaces a saved skill of the same name."
+        ),
+        structured_output=False,
+    )
+    async def save_skill(
+        name: Annotated[str, Field(description="Lowercase module name, e.g. 'summarize_forecasts'")],
+        code: Annotated[str, Field(description="The module's Python source, defining run(...)")],
+        description: Annotated[str, Field(description="One line: what the skill does and when to use it")],
+        ctx: Context,
+        overwrite: Annotated[bool, Field(description="Replace a saved skill of this name")] = False,
+    ) -> str:
+        session = await session_of(ctx)
+        async with session.use() as executor:
+            try:
+                skill = await executor.save_skill(name, code, description=description, overwrite=overwrite)
+            except IpyboxError as exc:
+                raise ToolError(str(exc)) from None
+        return f"saved skill {skill.name!r}: `from {skill.module} import run`"
+
+    @server.tool(
+        description=(
+            "List the saved skills with their descriptions and the signatures of their run functions. Import "
+            "one in a cell with `from skills.<name> import run`."
+        ),
+        structured_output=False,
+    )
+    async def list_skills() -> str:
+        stubs = await anyio.to_thread.run_sync(render_skill_stubs, skills_dir)
+        return stubs or "No skills are saved yet; save code that worked with save_skill."

@@ -145,6 +145,7 @@ class Session:
             timeouts=config.timeouts,
             tools_dir=self.tools_dir,
             approval=self.approval_for(None, ""),
+            skills_dir=config.skills_dir,
         )
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:

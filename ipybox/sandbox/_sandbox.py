@@ -195,13 +195,15 @@ def bwrap_argv(
     seccomp_fd: int | None = None,
     socket_dir: str | None = None,
     tools_dir_fd: int | None = None,
+    host_dirs: Sequence[tuple[Path, int]] = (),
 ) -> list[str]:
     """The bwrap command line that runs a program with the given mounts (the program follows ``--``).
 
     ``seccomp_fd`` is a descriptor the child inherits that yields `syscall_filter` (see
     `sandbox_filter_fd`). ``tools_dir_fd``, a descriptor of ``tools_dir`` the child inherits, is
-    what gets mounted there when given. ``socket_dir`` is created in the sandbox's ``/tmp`` for the kernel's
-    sockets.
+    what gets mounted there when given; ``host_dirs`` are further host-owned directories (the skills
+    directory), each mounted read-only from a descriptor the child inherits. ``socket_dir`` is
+    created in the sandbox's ``/tmp`` for the kernel's sockets.
     """
     argv = [_bwrap_path(), *_isolation_flags()]
     if seccomp_fd is not None:
@@ -239,6 +241,8 @@ def bwrap_argv(
             argv += ["--ro-bind-fd", str(tools_dir_fd), str(tools_dir)]
         else:
             argv += ["--ro-bind", str(tools_dir), str(tools_dir)]
+    for path, fd in host_dirs:
+        argv += ["--ro-bind-fd", str(fd), str(path)]
     for path in hidden:
         argv += ["--tmpfs", str(path), "--remount-ro", str(path)]
     # The connection file and the empty file above: the kernel reads them, it writes nothing here.

@@ -100,7 +100,9 @@ def ipybox_tool(
         PNG, JPEG, GIF or WebP images it displayed as `ToolOutputImage` parts the model can see.
     """
     if description is None:
-        description = describe_tools(executor.tools_dir, catalogue=catalogue, search_tool=search_tool).text
+        description = describe_tools(
+            executor.tools_dir, catalogue=catalogue, search_tool=search_tool, skills_dir=executor.skills_dir
+        ).text
     if approval == "interrupt":
         return interrupting_tool(
             executor,
@@ -177,7 +179,9 @@ def ipybox_tools(executor: CodeExecutor, *, catalogue: Catalogue = "auto", **kwa
         catalogue: ``"auto"``, ``"stubs"`` or ``"summary"`` (see `ipybox_tool`).
         **kwargs: Other `ipybox_tool` arguments.
     """
-    text = describe_tools(executor.tools_dir, catalogue=catalogue, search_tool=SEARCH_TOOL_NAME)
+    text = describe_tools(
+        executor.tools_dir, catalogue=catalogue, search_tool=SEARCH_TOOL_NAME, skills_dir=executor.skills_dir
+    )
     kwargs.setdefault("description", text.text)
     code = ipybox_tool(executor, **kwargs)
     return [code, ipybox_search_tool(executor)] if text.needs_search else [code]
