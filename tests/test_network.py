@@ -6,17 +6,23 @@ through ``Network.hosts``, so no test resolves or reaches anything outside this 
 
 from __future__ import annotations
 
-import http.server
+import ipaddress
+import logging
+import os
 import ssl
+import sys
 import textwrap
-import threading
 from collections.abc import AsyncGenerator, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
+import anyio
 import pytest
 import trustme
+from mcp import Client, StdioServerParameters, types
+from mcp.client.context import ClientRequestContext
+from network_support import WebServer, serving
 
 from ipybox import (
     ApprovalRules,
@@ -28,52 +34,11 @@ from ipybox import (
     NetworkRequest,
     UsageError,
 )
+from ipybox._approval import ApprovalDecision
+from ipybox.network._policy import address_problem
+from ipybox.network._proxy import NetworkProxy
 
 pytestmark = pytest.mark.anyio
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        cast("_Server", self.server).paths.append(self.path)
-        if self.path.startswith("/big/"):
-            body = b"x" * int(self.path.removeprefix("/big/"))
-        else:
-            body = f"hello {self.path} for {self.headers['Host']}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.paths: list[str] = []
-        if tls is not None:
-            self.socket = tls.wrap_socket(self.socket, server_side=True)
-
-    @property
-    def port(self) -> int:
-        return self.server_address[1]
-
-
-@contextmanager
-def _serving(tls: ssl.SSLContext | None = None) -> Generator[_Server]:
-    server = _Server(tls)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -82,23 +47,23 @@ def ca() -> trustme.CA:
 
 
 @pytest.fixture(scope="module")
-def web() -> Iterator[_Server]:
-    with _serving() as server:
+def web() -> Iterator[WebServer]:
+    with serving() as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def internal() -> Iterator[_Server]:
+def internal() -> Iterator[WebServer]:
     """A service on the host's loopback that no test allows: nothing may ever reach it."""
-    with _serving() as server:
+    with serving() as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def tls_web(ca: trustme.CA) -> Iterator[_Server]:
+def tls_web(ca: trustme.CA) -> Iterator[WebServer]:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("tls.test").configure_cert(context)  # pyright: ignore[reportUnknownMemberType]
-    with _serving(context) as server:
+    with serving(context) as server:
         yield server
 
 
@@ -117,7 +82,7 @@ _TRAPS6 = {"mapped.test": "::ffff:127.0.0.1"}
 
 @pytest.fixture(scope="module")
 async def net(
-    net_workspace: Path, web: _Server, tls_web: _Server, internal: _Server
+    net_workspace: Path, web: WebServer, tls_web: WebServer, internal: WebServer
 ) -> AsyncGenerator[tuple[CodeExecutor, list[NetworkEvent]]]:
     events: list[NetworkEvent] = []
     network = Network(
@@ -144,7 +109,7 @@ async def _run(executor: CodeExecutor, code: str) -> str:
 
 
 async def test_an_allowed_destination_is_reachable_with_urllib_and_httpx_over_http_and_https(
-    net: tuple[CodeExecutor, list[NetworkEvent]], web: _Server, tls_web: _Server
+    net: tuple[CodeExecutor, list[NetworkEvent]], web: WebServer, tls_web: WebServer
 ) -> None:
     executor, events = net
     text = await _run(
@@ -169,7 +134,7 @@ async def test_an_allowed_destination_is_reachable_with_urllib_and_httpx_over_ht
 
 
 async def test_an_unlisted_destination_is_denied_with_an_error_that_names_the_allowlist(
-    net: tuple[CodeExecutor, list[NetworkEvent]], web: _Server
+    net: tuple[CodeExecutor, list[NetworkEvent]], web: WebServer
 ) -> None:
     executor, events = net
     text = await _run(
@@ -196,7 +161,7 @@ async def test_an_unlisted_destination_is_denied_with_an_error_that_names_the_al
 
 
 async def test_loopback_private_and_metadata_addresses_are_refused_even_when_a_listed_name_leads_there(
-    net: tuple[CodeExecutor, list[NetworkEvent]], internal: _Server
+    net: tuple[CodeExecutor, list[NetworkEvent]], internal: WebServer
 ) -> None:
     executor, _ = net
     # localhost is resolved by the host's own resolver; the others through Network.hosts.
@@ -229,7 +194,7 @@ async def test_loopback_private_and_metadata_addresses_are_refused_even_when_a_l
 
 
 async def test_kernel_code_cannot_bypass_the_proxy_with_raw_sockets_its_own_dns_or_the_proxy_socket(
-    net: tuple[CodeExecutor, list[NetworkEvent]], web: _Server, internal: _Server
+    net: tuple[CodeExecutor, list[NetworkEvent]], web: WebServer, internal: WebServer
 ) -> None:
     executor, _ = net
     text = await _run(
@@ -270,7 +235,7 @@ async def test_kernel_code_cannot_bypass_the_proxy_with_raw_sockets_its_own_dns_
 
 
 async def test_a_connection_is_closed_when_the_code_action_that_opened_it_ends(
-    net: tuple[CodeExecutor, list[NetworkEvent]], web: _Server
+    net: tuple[CodeExecutor, list[NetworkEvent]], web: WebServer
 ) -> None:
     executor, _ = net
     await _run(
@@ -290,7 +255,7 @@ async def test_a_connection_is_closed_when_the_code_action_that_opened_it_ends(
 
 
 @pytest.fixture(scope="module")
-async def asking(net_workspace: Path, web: _Server) -> AsyncGenerator[CodeExecutor]:
+async def asking(net_workspace: Path, web: WebServer) -> AsyncGenerator[CodeExecutor]:
     network = Network(
         # The web server's port on the host's loopback may be reached, but no name is listed.
         allow=[f"127.0.0.1:{web.port}"],
@@ -330,7 +295,7 @@ async def _answer_each(
 
 
 async def test_an_unlisted_destination_with_ask_becomes_an_approval_event_and_both_answers_work(
-    asking: CodeExecutor, web: _Server
+    asking: CodeExecutor, web: WebServer
 ) -> None:
     code = _FETCH.format(names=["web.test", "web.test"], port=web.port)
     asked, text = await _answer_each(asking, code, ["reject", "accept"])
@@ -346,7 +311,7 @@ async def test_an_unlisted_destination_with_ask_becomes_an_approval_event_and_bo
 
 
 async def test_allow_for_this_executor_is_remembered_and_approval_rules_match_destinations(
-    asking: CodeExecutor, web: _Server
+    asking: CodeExecutor, web: WebServer
 ) -> None:
     code = _FETCH.format(names=["other.test"], port=web.port)
     asked, text = await _answer_each(asking, code, ["remember"])
@@ -363,7 +328,7 @@ async def test_allow_for_this_executor_is_remembered_and_approval_rules_match_de
 
 
 async def test_limits_on_connections_bytes_and_idle_time_hold_and_are_reported(
-    net_workspace: Path, web: _Server
+    net_workspace: Path, web: WebServer
 ) -> None:
     events: list[NetworkEvent] = []
     network = Network(
@@ -447,3 +412,213 @@ async def test_a_code_error_from_a_refused_connection_reaches_the_caller_as_a_co
     with pytest.raises(CodeExecutionError) as raised:
         await executor.execute('import urllib.request; urllib.request.urlopen("http://unlisted.test/")')
     assert "not in this executor's network allowlist" in raised.value.evalue
+
+
+async def test_the_mcp_server_passes_allow_net_and_ask_net_to_its_kernels(tmp_path: Path, web: WebServer) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    options = ["--allow-net", f"127.0.0.1:{web.port}", "--ask-net"]
+    server = StdioServerParameters(
+        command=sys.executable, args=["-m", "ipybox.mcp_server", "--workspace", str(workspace), *options], env=env
+    )
+    asked: list[str] = []
+
+    async def user(context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    # Both through the proxy by absolute URL (the sandbox's own loopback is not proxied): the
+    # listed address, then a name that is not listed, asked, and leads to that address.
+    code = textwrap.dedent(
+        f"""
+        import os, http.client
+        for host in ("127.0.0.1", "localhost"):
+            connection = http.client.HTTPConnection(os.environ["HTTP_PROXY"].removeprefix("http://"), timeout=30)
+            connection.request("GET", f"http://{{host}}:{web.port}/mcp")
+            print(connection.getresponse().read().decode())
+        """
+    )
+    with anyio.fail_after(90):
+        async with Client(server, elicitation_callback=user, mode="legacy") as client:
+            result = await client.call_tool("execute_ipython_cell", {"code": code})
+    text = "".join(block.text for block in result.content if isinstance(block, types.TextContent))
+    assert f"hello /mcp for 127.0.0.1:{web.port}" in text
+    assert f"hello /mcp for localhost:{web.port}" in text
+    assert len(asked) == 1 and f"wants to connect to localhost:{web.port}" in asked[0]
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("", "is empty"),
+        ("*", "not a valid host name"),
+        ("*.org", "whole top-level domain"),
+        ("a.*.example.org", "not a valid host name"),
+        ("exa mple.org", "not a valid host name"),
+        ("example.org:0", "the port must be 1-65535"),
+        ("example.org:http", "the port must be 1-65535"),
+        ("10.0.0.1/8", "write the network address"),
+        ("[2001:db8::1", "'[' without ']'"),
+        ("bücher.de", "IDNA"),
+    ],
+)
+def test_an_invalid_allow_entry_is_refused_naming_what_to_write(entry: str, problem: str) -> None:
+    with pytest.raises(UsageError, match="Network allow entry") as raised:
+        Network(allow=[entry])
+    assert problem in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "problem"),
+    [
+        ({"allow": "example.org"}, "not a single string"),
+        ({"unlisted": "allow"}, "'deny' or 'ask'"),
+        ({"max_connections": 0}, "max_connections"),
+        ({"max_bytes": 0}, "max_bytes"),
+        ({"idle_timeout": 0}, "idle_timeout"),
+        ({"hosts": {"*.x.org": "10.0.0.1"}}, "Network hosts maps host names"),
+        ({"hosts": {"x.org": "not-an-address"}}, "Network hosts maps host names"),
+    ],
+)
+def test_invalid_network_options_are_refused_naming_the_option(options: dict[str, Any], problem: str) -> None:
+    with pytest.raises(UsageError, match=problem):
+        Network(**options)
+
+
+def test_entries_match_names_wildcards_addresses_and_ports_by_the_documented_rules() -> None:
+    network = Network(
+        allow=["Example.org.", "*.example.net", "api.test:8443", "files.test:*", "10.1.0.0/16:5432", "[2001:db8::1]"]
+    )
+    allowed = [
+        ("example.org", 443),
+        ("example.org", 80),
+        ("a.example.net", 443),
+        ("a.b.example.net", 80),
+        ("api.test", 8443),
+        ("files.test", 1),
+        ("10.1.2.3", 5432),
+        ("2001:db8::1", 443),
+    ]
+    refused = [
+        ("example.org", 8080),
+        ("www.example.org", 443),
+        ("example.net", 443),
+        ("xexample.net", 443),
+        ("api.test", 443),
+        ("10.1.2.3", 443),
+        ("10.2.0.1", 5432),
+        ("2001:db8::2", 443),
+    ]
+    assert [network.listed(host, port) for host, port in allowed] == [True] * len(allowed)
+    assert [network.listed(host, port) for host, port in refused] == [False] * len(refused)
+
+
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [
+        ("127.0.0.53", "loopback"),
+        ("10.1.2.3", "private"),
+        ("172.16.0.1", "private"),
+        ("192.168.1.1", "private"),
+        ("169.254.169.254", "link-local"),
+        ("100.64.0.1", "not a public address"),
+        ("224.0.0.1", "multicast"),
+        ("0.0.0.0", "unspecified"),
+        ("240.0.0.1", "reserved"),
+        ("::1", "loopback"),
+        ("fe80::1", "link-local"),
+        ("fd00::1", "private"),
+        ("::ffff:169.254.169.254", "(IPv4 169.254.169.254) is a link-local"),
+        ("64:ff9b::a00:1", "(IPv4 10.0.0.1) is a private"),
+        ("2002:7f00:1::", "(IPv4 127.0.0.1) is a loopback"),
+    ],
+)
+def test_non_public_addresses_and_their_ipv6_disguises_are_named(address: str, kind: str) -> None:
+    problem = address_problem(ipaddress.ip_address(address))
+    assert problem is not None and kind in problem
+
+
+def test_a_public_address_has_no_problem() -> None:
+    assert address_problem(ipaddress.ip_address("93.184.215.14")) is None
+    assert address_problem(ipaddress.ip_address("2606:4700::1111")) is None
+
+
+@contextmanager
+def _proxy_events() -> Generator[list[logging.LogRecord]]:
+    records: list[logging.LogRecord] = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Recorder()
+    log = logging.getLogger("ipybox.network")
+    log.addHandler(handler)
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+
+
+async def _exchange(path: Path, data: bytes) -> bytes:
+    async with await anyio.connect_unix(path) as stream:
+        await stream.send(data)
+        received = b""
+        with anyio.fail_after(30):
+            try:
+                while True:
+                    received += await stream.receive()
+            # A reply to a request the proxy did not read to its end may be cut off by a reset.
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return received
+
+
+async def test_the_proxy_refuses_strays_bad_tokens_and_malformed_or_oversized_requests(tmp_path: Path) -> None:
+    running: list[str | None] = [None]
+
+    async def never(host: str, port: int, execution_id: str) -> ApprovalDecision:
+        raise AssertionError("nothing here may be asked")
+
+    token = "t" * 32
+    network = Network(allow=["example.org"])
+    proxy = NetworkProxy(network, socket_path=tmp_path / "p.sock", token=token, running=lambda: running[0], ask=never)
+    first = f"{token}\n".encode()
+    connect = b"CONNECT example.org:443 HTTP/1.1\r\nHost: example.org\r\n\r\n"
+    replies: dict[str, bytes] = {}
+    with _proxy_events() as records:
+        async with anyio.create_task_group() as tg:
+            await tg.start(proxy.run)
+            replies["stray"] = await _exchange(proxy.socket_path, first + connect)
+            running[0] = "e1"
+            replies["wrong"] = await _exchange(proxy.socket_path, b"x" * 32 + b"\n" + connect)
+            replies["garbage"] = await _exchange(proxy.socket_path, first + b"\x16\x03\x01 hello\r\n\r\n")
+            replies["origin"] = await _exchange(
+                proxy.socket_path, first + b"GET / HTTP/1.1\r\nHost: example.org\r\n\r\n"
+            )
+            replies["huge"] = await _exchange(
+                proxy.socket_path, first + b"GET http://example.org/ HTTP/1.1\r\nX: " + b"a" * 70_000
+            )
+            tg.cancel_scope.cancel()
+    assert replies["stray"].startswith(b"HTTP/1.1 403 ipybox: no code action of this executor is running")
+    assert replies["wrong"].startswith(b"HTTP/1.1 403 ipybox: wrong or missing token")
+    assert replies["garbage"].startswith(b"HTTP/1.1 400 ipybox: not an HTTP/1.1 proxy request")
+    assert replies["origin"].startswith(b"HTTP/1.1 400 ipybox: the proxy takes CONNECT")
+    assert replies["huge"] == b"" or replies["huge"].startswith(
+        b"HTTP/1.1 431 ipybox: the request head is larger than 16384 bytes"
+    )
+    assert "the request head is larger than 16384 bytes" in records[-1].getMessage()
+    events = [cast("dict[str, Any]", r.__dict__["network_event"]) for r in records if "network_event" in r.__dict__]
+    assert events == [
+        {
+            "kind": "denied",
+            "host": "example.org",
+            "port": 443,
+            "execution_id": None,
+            "address": None,
+            "reason": events[0]["reason"],
+            "bytes": 0,
+        }
+    ]
+    assert "no code action of this executor is running" in events[0]["reason"]
+    assert not (tmp_path / "p.sock").exists()

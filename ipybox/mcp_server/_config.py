@@ -18,6 +18,8 @@ from typing import Any, Literal, cast
 from ipybox._config import Limits, SandboxConfig, Timeouts
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer, parse_server_params
+from ipybox.network._policy import Network
+from ipybox.network._setup import check_network
 
 __all__ = (
     "DEFAULT_TIMEOUTS",
@@ -78,6 +80,9 @@ class ServerConfig:
         idle_ttl: Seconds without a request after which a session's kernel is shut down; the next
             request starts a fresh one (variables are lost; registered servers and files are kept).
             Over HTTP, a session whose client has gone away is closed after this time.
+        network: Network egress for the kernels (`Network`); None: no network. Unlisted
+            destinations asked (``unlisted="ask"``) are decided like tool calls, by the rules
+            (``network:<host>:<port>`` globs in ``allow``/``deny``) and then the mode.
     """
 
     workspace: Path
@@ -96,8 +101,10 @@ class ServerConfig:
     servers: Mapping[str, StdioServer | HttpServer] = field(default_factory=dict[str, StdioServer | HttpServer])
     allow_register: bool = True
     idle_ttl: float = DEFAULT_IDLE_TTL
+    network: Network | None = None
 
     def __post_init__(self) -> None:
+        check_network(self.network, self.sandbox)
         if not self.workspace.is_dir():
             raise UsageError(f"workspace {str(self.workspace)!r} is not an existing directory; create it first")
         if self.approval not in ("ask", "auto", "deny"):
@@ -265,6 +272,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "call only, so the first call to a server is decided by the other rules",
     )
 
+    network = parser.add_argument_group("network egress of kernel code (none by default)")
+    network.add_argument(
+        "--allow-net",
+        action="append",
+        default=[],
+        metavar="DEST",
+        help="let kernel code connect to DEST through the host's proxy: a host name, '*.domain', an address or "
+        "network, optionally ':PORT' or ':*' (default ports 80 and 443); repeatable",
+    )
+    network.add_argument(
+        "--ask-net",
+        action="store_true",
+        help="decide destinations not in --allow-net like tool calls (--allow/--deny 'network:HOST:PORT' globs, "
+        "then --approval) instead of denying them",
+    )
+
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """Build the configuration from parsed arguments and the ``--config`` file they name.
@@ -315,6 +338,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         # client only when the operator says so.
         allow_register=not args.no_register and (args.transport == "stdio" or args.allow_register),
         idle_ttl=args.idle_ttl,
+        network=Network(allow=args.allow_net, unlisted="ask" if args.ask_net else "deny")
+        if args.allow_net or args.ask_net
+        else None,
         **extra,
     )
 

@@ -388,6 +388,8 @@ async def _read_head(stream: anyio.abc.SocketStream, buffered: bytes) -> tuple[_
         try:
             event = parser.next_event()
         except h11.RemoteProtocolError as exc:
+            if exc.error_status_hint == 431:
+                raise _Refused(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes") from None
             raise _Refused(400, f"not an HTTP/1.1 proxy request ({exc})") from None
         if isinstance(event, h11.Request):
             break
