@@ -30,9 +30,9 @@ from pathlib import Path
 import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from network_support import serving  # noqa: E402
+from network_support import serving
 
-from ipybox import CodeExecutor, Network  # noqa: E402
+from ipybox import CodeExecutor, Network
 
 KERNEL = """
 import http.client, os, socket, time

@@ -260,7 +260,7 @@ async def asking(net_workspace: Path, web: WebServer) -> AsyncGenerator[CodeExec
         # The web server's port on the host's loopback may be reached, but no name is listed.
         allow=[f"127.0.0.1:{web.port}"],
         unlisted="ask",
-        hosts={"web.test": "127.0.0.1", "other.test": "127.0.0.1"},
+        hosts={"web.test": "127.0.0.1", "other.test": "127.0.0.1", "meta.test": "169.254.169.254"},
     )
     async with CodeExecutor(workspace=net_workspace, network=network) as executor:
         yield executor
@@ -308,6 +308,12 @@ async def test_an_unlisted_destination_with_ask_becomes_an_approval_event_and_bo
     assert first.id.startswith(first.execution_id + ":")
     assert dict(first.tool_args) == {"host": "web.test", "port": web.port}
     assert first.rule_name == f"network:web.test:{web.port}"
+
+
+async def test_an_approved_destination_still_cannot_reach_a_non_public_address(asking: CodeExecutor) -> None:
+    asked, text = await _answer_each(asking, _FETCH.format(names=["meta.test"], port=80), ["accept"])
+    assert len(asked) == 1
+    assert text.startswith("403 ipybox: meta.test leads only to non-public addresses (169.254.169.254 is a link-local")
 
 
 async def test_allow_for_this_executor_is_remembered_and_approval_rules_match_destinations(
