@@ -20,19 +20,44 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import http.server
 import json
 import statistics
-import sys
 import tempfile
+import threading
 import time
+from collections.abc import Generator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from network_support import serving
-
 from ipybox import CodeExecutor, Network
+
+
+class _Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def serving() -> Generator[http.server.ThreadingHTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
 
 KERNEL = """
 import http.client, os, socket, time
@@ -92,11 +117,12 @@ def _h11_parse(runs: int) -> float:
 
 async def main(runs: int) -> None:
     with serving() as web, tempfile.TemporaryDirectory() as tmp:
-        network = Network(allow=[f"web.test:{web.port}", f"127.0.0.1:{web.port}"], hosts={"web.test": "127.0.0.1"})
+        port = web.server_address[1]
+        network = Network(allow=[f"web.test:{port}", f"127.0.0.1:{port}"], hosts={"web.test": "127.0.0.1"})
         async with CodeExecutor(workspace=Path(tmp), network=network) as executor:
-            direct = _direct(web.port, runs)
+            direct = _direct(port, runs)
             cpu = time.process_time()
-            result = await executor.execute(KERNEL.format(port=web.port, runs=runs))
+            result = await executor.execute(KERNEL.format(port=port, runs=runs))
             cpu = time.process_time() - cpu
     timings = json.loads(result.text)
     print(f"{'variant':<10} median ms per connection ({runs} runs)")

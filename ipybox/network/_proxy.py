@@ -51,6 +51,8 @@ logger = logging.getLogger("ipybox.network")
 # A request head larger than this is refused (real ones are a few hundred bytes).
 MAX_HEAD_BYTES = 16 * 1024
 _CHUNK = 64 * 1024
+# Connections over max_connections still served, to be told why they are refused (HTTP 503).
+_PENDING_EXTRA = 32
 # Headers that describe the hop to the proxy, not the request: never passed on.
 _HOP_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-authorization", b"proxy-connection", b"te", b"upgrade"})
 _STRAY = (
@@ -157,6 +159,11 @@ class NetworkProxy:
         assert self._tg is not None
         while True:
             sock = await accept_one(listener)
+            if self._open >= self.network.max_connections + _PENDING_EXTRA:
+                # Past the limit even the 503 reply waits its turn: a flood of connections that send
+                # nothing would otherwise hold a task each until its connect timeout.
+                sock.close()
+                continue
             stream = await anyio.abc.UNIXSocketStream.from_socket(sock)
             self._open += 1
             self._tg.start_soon(self._serve, stream)
