@@ -206,8 +206,11 @@ class NetworkProxy:
                     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                         await stream.send(_reply(refused.status, refused.reason))
                 except TimeoutError:
+                    reason = f"no answer within {self.network.connect_timeout:g} s (Network.connect_timeout)"
                     if target is not None:
-                        self._emit("limit", target, execution, reason="connect timeout")
+                        self._emit("limit", target, execution, reason=reason)
+                    with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                        await stream.send(_reply(504, reason))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError):
             pass  # the kernel hung up; nothing to tell it
         except Exception:  # a task of the proxy's group: one connection's fault must not end the proxy
@@ -229,8 +232,9 @@ class NetworkProxy:
     async def _open_and_relay(
         self, stream: anyio.abc.SocketStream, target: _Target, rest: bytes, execution: str, usage: _Usage
     ) -> None:
-        with anyio.fail_after(self.network.connect_timeout):
-            await self._decide(target, execution)
+        # Not under the connect timeout: an asked destination waits for a person, as long as the
+        # executor's approval timeout allows.
+        await self._decide(target, execution)
         with anyio.fail_after(self.network.connect_timeout):
             upstream, address = await self._connect(target)
         self._emit("allowed", target, execution, address=str(address))
@@ -277,25 +281,26 @@ class NetworkProxy:
             except OSError as exc:
                 raise _Refused(502, f"the host cannot resolve {host} ({exc.strerror or exc})") from None
             addresses = list(dict.fromkeys(parse_ip(str(info[4][0]).split("%")[0]) for info in infos))
-        problems: list[str] = []
+        refused: list[str] = []
+        failed: list[str] = []
         for address in addresses:
             if address is None:
                 continue
             problem = address_problem(address)
             if problem is not None and not self.network.unlocks(address, port):
-                problems.append(problem)
+                refused.append(problem)
                 continue
             try:
                 return await anyio.connect_tcp(str(address), port), address
             except OSError as exc:
-                problems.append(f"connecting to {address} failed ({exc.strerror or exc})")
-        if problems and all("failed" not in p for p in problems):
+                failed.append(f"connecting to {address} failed ({exc.strerror or exc})")
+        if refused and not failed:
             raise _Refused(
                 403,
-                f"{host} leads only to non-public addresses ({'; '.join(problems)}); only an address "
+                f"{host} leads only to non-public addresses ({'; '.join(refused)}); only an address "
                 "entry in Network.allow lets connections reach them",
             )
-        raise _Refused(502, f"cannot connect to {host}:{port}: {'; '.join(problems) or 'no address'}")
+        raise _Refused(502, f"cannot connect to {host}:{port}: {'; '.join(failed + refused) or 'no address'}")
 
     async def _relay(
         self,
