@@ -33,9 +33,9 @@ class ApprovalDecision:
     approved: bool
     reason: str | None = None
     by: Literal["application", "policy", "timeout"] = "application"
-    remember: bool = False
+    remember: bool = field(default=False, repr=False)
     """For a `NetworkRequest`: allow the destination for the rest of the executor's life (ignored
-    for tool calls)."""
+    for tool calls, so left out of the repr that tool-call logs show)."""
 
 
 class _FrozenDict(dict[str, Any]):
