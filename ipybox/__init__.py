@@ -46,6 +46,9 @@ if TYPE_CHECKING:
     from .codegen._search import render_tool_summary as render_tool_summary
     from .codegen._search import search_tools as search_tools
     from .codegen._stubs import render_tool_stubs as render_tool_stubs
+    from .network._policy import Network as Network
+    from .network._policy import NetworkEvent as NetworkEvent
+    from .network._request import NetworkRequest as NetworkRequest
     from .skills._store import Skill as Skill
     from .skills._store import list_skills as list_skills
     from .skills._store import save_skill as save_skill
@@ -83,6 +86,9 @@ _LAZY = {
     "KernelStartError": "._exceptions",
     "Limits": "._config",
     "MCPServerError": "._exceptions",
+    "Network": ".network._policy",
+    "NetworkEvent": ".network._policy",
+    "NetworkRequest": ".network._request",
     "Output": "._results",
     "PackageInstallError": "._packages",
     "SandboxConfig": "._config",
@@ -130,6 +136,9 @@ __all__ = (
     "KernelStartError",
     "Limits",
     "MCPServerError",
+    "Network",
+    "NetworkEvent",
+    "NetworkRequest",
     "Output",
     "PackageInstallError",
     "SandboxConfig",

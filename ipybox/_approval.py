@@ -33,6 +33,9 @@ class ApprovalDecision:
     approved: bool
     reason: str | None = None
     by: Literal["application", "policy", "timeout"] = "application"
+    remember: bool = field(default=False, repr=False)
+    """For a `NetworkRequest`: allow the destination for the rest of the executor's life (ignored
+    for tool calls, so left out of the repr that tool-call logs show)."""
 
 
 class _FrozenDict(dict[str, Any]):
@@ -108,6 +111,16 @@ class ApprovalRequest:
         return f"{self.server_name}.{self.tool_name}({args})"
 
     @property
+    def rule_name(self) -> str:
+        """What `ApprovalRules` patterns are matched against: ``"server.tool"``."""
+        return f"{self.server_name}.{self.tool_name}"
+
+    @property
+    def description(self) -> str:
+        """One line saying what will run if approved."""
+        return f"MCP tool call {self}, run by the host through: {self.server}"
+
+    @property
     def decision(self) -> ApprovalDecision | None:
         """The decision, once made."""
         return self._decision
@@ -145,7 +158,8 @@ ApprovalCallback: TypeAlias = Callable[
 class ApprovalRules:
     """Decide tool calls by rules; calls no rule covers are decided by ``otherwise``.
 
-    Patterns are shell-style globs over ``"server.tool"``, e.g. ``"github.*"`` or ``"*.search_*"``.
+    Patterns are shell-style globs over ``"server.tool"``, e.g. ``"github.*"`` or ``"*.search_*"``,
+    and over ``"network:<host>:<port>"`` for a `NetworkRequest` (``"network:*.example.org:443"``).
     A matching ``deny`` pattern wins over everything else.
 
     Attributes:
@@ -169,7 +183,7 @@ class ApprovalRules:
 
     def decide(self, request: ApprovalRequest) -> ApprovalDecision | None:
         """The rules' decision, or None when the application must be asked."""
-        name = f"{request.server_name}.{request.tool_name}"
+        name = request.rule_name
         if any(fnmatchcase(name, p) for p in self.deny):
             return ApprovalDecision(approved=False, reason=f"{name} is denied by the approval rules", by="policy")
         if any(fnmatchcase(name, p) for p in self.allow):

@@ -291,10 +291,10 @@ class ExecutionDriver:
     def fail(self, error: IpyboxError) -> None:
         _end(self._state, error=error)
 
-    def new_request(self, **fields: Any) -> ApprovalRequest:
-        """An approval request of this execution, with the next id."""
+    def new_request(self, kind: type[ApprovalRequest] = ApprovalRequest, /, **fields: Any) -> ApprovalRequest:
+        """An approval request of this execution (of ``kind``), with the next id."""
         approvals = self._state.approvals
-        request = ApprovalRequest(id=f"{self.execution.id}:{len(approvals) + 1}", **fields)
+        request = kind(id=f"{self.execution.id}:{len(approvals) + 1}", **fields)
         approvals[request.id] = request
         return request
 

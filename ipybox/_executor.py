@@ -17,7 +17,7 @@ from typing import Any, Literal, Self
 import anyio
 import anyio.abc
 
-from ._approval import Approval, ApprovalDecision, check_approval, decide_by_policy
+from ._approval import Approval, ApprovalDecision, ApprovalRequest, check_approval, decide_by_policy
 from ._channel import ToolRequest
 from ._config import Limits, SandboxConfig, Timeouts, check_seconds
 from ._exceptions import (
@@ -40,6 +40,10 @@ from ._supervisor import KernelSupervisor
 from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver import ToolServer
 from ._workspace import copy_file, write_file
+from .network._policy import Network
+from .network._proxy import NetworkProxy
+from .network._request import NetworkRequest, network_request_fields
+from .network._setup import NET_SOCKET, check_network, network_env, with_network_mount
 from .sandbox._sandbox import resolve_sandbox
 from .skills._store import (
     SKILLS_PACKAGE,
@@ -106,6 +110,9 @@ class CodeExecutor:
             saves one with ``ipybox_kernel.save_skill(...)``, a call to the host approved like any
             tool call. Created if missing, mounted read-only, and held to the same rules as
             ``tools_dir``.
+        network: None (the default): the kernel has no network at all. A `Network`: HTTP(S)
+            clients in the kernel reach the destinations it allows through a proxy on the host,
+            and unlisted ones are denied or asked as a `NetworkRequest` (needs the sandbox).
     """
 
     def __init__(
@@ -119,6 +126,7 @@ class CodeExecutor:
         tools_dir: Path | str | None = "mcptools",
         approval: Approval = "ask",
         skills_dir: Path | str | None = None,
+        network: Network | None = None,
     ) -> None:
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
@@ -133,6 +141,8 @@ class CodeExecutor:
             raise UsageError(f"limits must be a Limits, got {limits!r}")
         check_approval(approval)
         self.sandbox = resolve_sandbox(sandbox)
+        self.network = check_network(network, self.sandbox)
+        self._proxy: NetworkProxy | None = None
         # As given (made absolute, not resolved): every start checks it again for planted symlinks.
         self._tools_given = Path(os.path.join(os.getcwd(), tools_dir)) if tools_dir is not None else None
         self.tools_dir: Path | None = None
@@ -205,6 +215,15 @@ class CodeExecutor:
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(self._tg.cancel_scope.cancel)
         await self._tg.start(self._tools.run)
+        if self.network is not None:
+            self._proxy = NetworkProxy(
+                self.network,
+                socket_path=self._home / NET_SOCKET,
+                token=self._token,
+                running=lambda: self._current.execution.id if self._current is not None else None,
+                ask=self._ask_network,
+            )
+            await self._tg.start(self._proxy.run)
         await self._tg.start(self._kernels.run)
 
     async def __aexit__(
@@ -281,6 +300,12 @@ class CodeExecutor:
         restore_home(self._home, self._tools)
         if restarting:
             self._recheck_tools_dir()
+        env = dict(self._env)
+        sandbox = kernel_sandbox(self.sandbox, self._home, tools=self.tools_dir, skills=self.skills_dir)
+        if self._proxy is not None:
+            self._proxy.rebind()
+            env = {**network_env(self._home), **env}
+            sandbox = with_network_mount(sandbox, self._home)
         return Kernel.start(
             python=default_python(),
             env=kernel_env(
@@ -288,11 +313,11 @@ class CodeExecutor:
                 self._token,
                 tools=self.tools_dir,
                 sandboxed=self.sandbox is not None,
-                extra=self._env,
+                extra=env,
                 skills=self.skills_dir,
             ),
             workspace=self.workspace,
-            sandbox=kernel_sandbox(self.sandbox, self._home, tools=self.tools_dir, skills=self.skills_dir),
+            sandbox=sandbox,
             tools_dir=self._mounted_tools_dir(),
             hidden=hidden_paths(self._mounted_tools_dir()),
             limits=self.limits,
@@ -432,6 +457,8 @@ class CodeExecutor:
             )
         finally:
             self._current = self._current_msg_id = None
+            if self._proxy is not None:
+                self._proxy.end_execution(driver.execution.id)
 
     # -- tools --------------------------------------------------------------------------
 
@@ -527,6 +554,17 @@ class CodeExecutor:
             server=server,
             annotations=annotations,
         )
+        return await self._decide(driver, request)
+
+    async def _ask_network(self, host: str, port: int, execution_id: str) -> ApprovalDecision:
+        driver = self._current
+        if driver is None or driver.execution.id != execution_id:
+            return ApprovalDecision(approved=False, reason="its code action has ended", by="policy")
+        fields = network_request_fields(host, port)
+        request = driver.new_request(NetworkRequest, **fields, execution_id=execution_id)
+        return await self._decide(driver, request)
+
+    async def _decide(self, driver: ExecutionDriver, request: ApprovalRequest) -> ApprovalDecision:
         own = driver.execution.policy
         decision = await decide_by_policy(self.approval if own is None else own, request)
         if decision is None:

@@ -231,7 +231,7 @@ class ApprovalPayload:
             server=request.server_name,
             tool=request.tool_name,
             args=request.tool_args,
-            description=f"MCP tool call {request}, run by the host through: {request.server}",
+            description=request.description,
             annotations=request.annotations,
         )
 

@@ -18,6 +18,8 @@ from typing import Any, Literal, cast
 from ipybox._config import Limits, SandboxConfig, Timeouts
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer, parse_server_params
+from ipybox.network._policy import Network
+from ipybox.network._setup import check_network
 
 __all__ = (
     "DEFAULT_TIMEOUTS",
@@ -81,6 +83,9 @@ class ServerConfig:
         skills_dir: Where skills are saved (the ``save_skill`` and ``list_skills`` tools, and
             ``ipybox_kernel.save_skill`` in kernel code); shared by every session, so a skill one
             session saves is importable in the next. None: no skills.
+        network: Network egress for the kernels (`Network`); None: no network. Unlisted
+            destinations asked (``unlisted="ask"``) are decided like tool calls, by the rules
+            (``network:<host>:<port>`` globs in ``allow``/``deny``) and then the mode.
     """
 
     workspace: Path
@@ -100,8 +105,10 @@ class ServerConfig:
     allow_register: bool = True
     idle_ttl: float = DEFAULT_IDLE_TTL
     skills_dir: Path | None = None
+    network: Network | None = None
 
     def __post_init__(self) -> None:
+        check_network(self.network, self.sandbox)
         if not self.workspace.is_dir():
             raise UsageError(f"workspace {str(self.workspace)!r} is not an existing directory; create it first")
         if self.approval not in ("ask", "auto", "deny"):
@@ -276,6 +283,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "call only, so the first call to a server is decided by the other rules",
     )
 
+    network = parser.add_argument_group("network egress of kernel code (none by default)")
+    network.add_argument(
+        "--allow-net",
+        action="append",
+        default=[],
+        metavar="DEST",
+        help="let kernel code connect to DEST through the host's proxy: a host name, '*.domain', an address or "
+        "network, optionally ':PORT' or ':*' (default ports 80 and 443); repeatable",
+    )
+    network.add_argument(
+        "--ask-net",
+        action="store_true",
+        help="decide destinations not in --allow-net like tool calls (--allow/--deny 'network:HOST:PORT' globs, "
+        "then --approval) instead of denying them",
+    )
+
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """Build the configuration from parsed arguments and the ``--config`` file they name.
@@ -327,6 +350,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         allow_register=not args.no_register and (args.transport == "stdio" or args.allow_register),
         idle_ttl=args.idle_ttl,
         skills_dir=args.skills_dir.expanduser().resolve() if args.skills_dir is not None else None,
+        network=Network(allow=args.allow_net, unlisted="ask" if args.ask_net else "deny")
+        if args.allow_net or args.ask_net
+        else None,
         **extra,
     )
 

@@ -33,6 +33,7 @@ from ipybox._exceptions import IpyboxError
 from ipybox._executor import CodeExecutor
 from ipybox._mcp import HttpServer, StdioServer
 from ipybox.codegen._codegen import generate_mcp_sources
+from ipybox.network._request import NetworkRequest
 
 from ._config import ServerConfig
 
@@ -146,6 +147,7 @@ class Session:
             tools_dir=self.tools_dir,
             approval=self.approval_for(None, ""),
             skills_dir=config.skills_dir,
+            network=config.network,
         )
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -224,7 +226,7 @@ class Session:
         decision = rules.decide(request)
         if decision is not None:
             return decision
-        name = f"{request.server_name}.{request.tool_name}"
+        name = request.rule_name
         capabilities = ctx.client_capabilities if ctx is not None else None
         can_ask = ctx is not None and ctx.request_context.session.can_send_request
         if ctx is None or not can_ask or capabilities is None or capabilities.elicitation is None:
@@ -265,6 +267,15 @@ def _approval_message(request: ApprovalRequest, code: str) -> str:
         args.append(f"  {key} = {text}")
     shown = code if len(code) <= _PROMPT_CODE_CHARS else code[:_PROMPT_CODE_CHARS] + "\n# ... (code truncated)"
     hints = ", ".join(f"{k}={v}" for k, v in (request.annotations or {}).items() if v is not None)
+    if isinstance(request, NetworkRequest):
+        return "\n".join(
+            [
+                f"Code running in ipybox wants to connect to {request.host}:{request.port}.",
+                "Code:",
+                shown,
+                "Approve to let this connection through; decline to refuse it (the code gets an HTTP 403).",
+            ]
+        )
     return "\n".join(
         [
             f"Code running in ipybox wants to call tool {request.tool_name!r} of MCP server {request.server_name!r}.",

@@ -1,0 +1,73 @@
+"""An asked network connection through a framework adapter: PydanticAI's deferred tool calls.
+
+The connection shows up as a call of ipybox's own ``connect`` tool (``ipybox__connect``) with the
+destination as its arguments, and the framework's decision lets it through or refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from network_support import WebServer, serving
+from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, RunContext, ToolApproved, ToolDenied
+from pydantic_ai.capabilities import HandleDeferredToolCalls
+
+from ipybox import CodeExecutor, Network
+from ipybox.integrations.pydantic_ai import IpyboxToolset
+
+from .test_pydantic_ai import scripted
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def web() -> Generator[WebServer]:
+    with serving() as server:
+        yield server
+
+
+async def test_an_asked_connection_is_a_deferred_tool_call_that_the_framework_approves_or_denies(
+    web: WebServer, workspace: Path
+) -> None:
+    network = Network(
+        allow=[f"127.0.0.1:{web.port}"],
+        unlisted="ask",
+        hosts={"yes.test": "127.0.0.1", "no.test": "127.0.0.1"},
+    )
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    async def handler(ctx: RunContext[Any], requests: DeferredToolRequests) -> DeferredToolResults:
+        seen.extend((call.tool_name, call.args_as_dict()) for call in requests.approvals)
+        return DeferredToolResults(
+            approvals={
+                c.tool_call_id: ToolApproved() if c.args_as_dict()["host"] == "yes.test" else ToolDenied("not there")
+                for c in requests.approvals
+            }
+        )
+
+    code = (
+        "import urllib.request, urllib.error\n"
+        "for name in ('yes.test', 'no.test'):\n"
+        "    try:\n"
+        f"        print(urllib.request.urlopen(f'http://{{name}}:{web.port}/agent').read().decode())\n"
+        "    except urllib.error.HTTPError as e:\n"
+        "        print(e.code, e.reason)\n"
+    )
+    async with CodeExecutor(workspace=workspace, network=network) as executor:
+        agent = Agent(
+            scripted(code), toolsets=[IpyboxToolset(executor)], capabilities=[HandleDeferredToolCalls(handler=handler)]
+        )
+        with anyio.fail_after(60):
+            result = await agent.run("go")
+    assert seen == [
+        ("ipybox__connect", {"host": "yes.test", "port": web.port}),
+        ("ipybox__connect", {"host": "no.test", "port": web.port}),
+    ]
+    assert result.output.splitlines() == [
+        f"hello /agent for yes.test:{web.port}",
+        f"403 ipybox: the application rejected the connection to no.test:{web.port}: not there",
+    ]
