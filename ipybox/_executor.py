@@ -7,9 +7,8 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
-from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -26,18 +25,17 @@ from ._exceptions import (
     UsageError,
 )
 from ._execution import Execution, ExecutionDriver, open_execution
-from ._kernel import (
-    Kernel,
-    default_python,
-)
-from ._kernelhome import IMPORT_ROOT, check_bytecode, hidden_paths, kernel_env, kernel_sandbox, restore_home
+from ._kernel import Kernel
+from ._kernelhome import check_bytecode, link_tools_dir, new_home, resolve_tools_dir, restore_home
+from ._kernelspec import KernelSpec, start_kernel
 from ._keyed import KeyedExecutions
 from ._manifest import load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._packages import install_package
+from ._pool import KernelPool, Lease
 from ._running import run_execution
 from ._supervisor import KernelSupervisor
-from ._tooldir import prepare_tools_dir, tools_dir_path
+from ._tooldir import tools_dir_path
 from ._toolserver import ToolServer
 from ._workspace import copy_file, write_file
 from .sandbox._sandbox import resolve_sandbox
@@ -91,6 +89,11 @@ class CodeExecutor:
         approval: How tool calls from the kernel are approved: ``"ask"`` (each one becomes an
             `ApprovalRequest` event of the execution, answered by the application), ``"auto"``,
             `ApprovalRules`, or a callback that receives the `ApprovalRequest`.
+        pool: A `KernelPool` to take kernels from (the first one, and each one after `reset` or a
+            kernel's death) instead of starting them. A pooled kernel is taken only if its settings
+            equal this executor's; otherwise the executor starts its own (and logs why, once). From
+            a pool with ``separate_workspaces``, the executor works in the kernel's own workspace and
+            tools directory, not in ``workspace`` and ``tools_dir``.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class CodeExecutor:
         timeouts: Timeouts | None = None,
         tools_dir: Path | str | None = "mcptools",
         approval: Approval = "ask",
+        pool: KernelPool | None = None,
     ) -> None:
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
@@ -116,6 +120,11 @@ class CodeExecutor:
         if limits is not None and not isinstance(limits, Limits):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"limits must be a Limits, got {limits!r}")
         check_approval(approval)
+        if pool is not None and not isinstance(pool, KernelPool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"pool must be a KernelPool, got {pool!r}")
+        self._pool = pool
+        # The pooled kernel taken at the start, until the supervisor runs it.
+        self._lease: Lease | None = None
         self.sandbox = resolve_sandbox(sandbox)
         # As given (made absolute, not resolved): every start checks it again for planted symlinks.
         self._tools_given = Path(os.path.join(os.getcwd(), tools_dir)) if tools_dir is not None else None
@@ -162,10 +171,22 @@ class CodeExecutor:
     async def _start(self, stack: AsyncExitStack) -> None:
         if self.sandbox is not None:
             check_bytecode()
+        separate = self._pool is not None and self._pool.separate_workspaces
+        if not separate:
+            self._check_tools_dir()
+        lease = await self._pool.take(self._spec()) if self._pool is not None else None
+        if lease is not None:
+            self._lease = lease
+            stack.callback(self._drop_lease)
+            lease.adopted = True
+            self._home, self._token = lease.home, lease.token
+            if separate:
+                self.workspace, self._tools_given = lease.spec.workspace, lease.spec.tools_dir
+        else:
+            self._home = new_home(None)
         # Private to this executor: the tool socket and the packages installed for the kernel.
-        self._home = Path(tempfile.mkdtemp(prefix="ipybox-"))
-        stack.callback(shutil.rmtree, self._home, ignore_errors=True)
-        (self._home / "packages").mkdir()
+        # The one it has at the end: a kernel taken from a pool brings its own.
+        stack.callback(lambda: shutil.rmtree(self._home, ignore_errors=True) if self._home else None)
         self._tools = ToolServer(
             socket_path=self._home / "tools.sock",
             token=self._token,
@@ -196,60 +217,84 @@ class CodeExecutor:
         extra = [Path(p) for p in self.sandbox.rw_paths] if self.sandbox is not None else []
         return [self.workspace, *extra]
 
-    def _prepare_tools_dir(self) -> None:
-        """Check the tools directory before a kernel starts (creating it where the kernel could),
-        and link it into the kernel's import root.
-
-        A missing one inside the workspace is created, so that the sandbox mounts it read-only:
-        the kernel would otherwise create it, manifest included, for the next executor to trust.
-        Its manifest directory too, so that it is hidden even when sources are generated while
-        the kernel runs (the mount is live). Checked at every start: a symlink planted since would
-        redirect the mount and the host's writes.
+    def _check_tools_dir(self) -> None:
+        """Check the tools directory before a kernel starts (see `resolve_tools_dir`).
 
         Raises:
             UsageError: The tools directory cannot be trusted; the message names the fix.
         """
-        if self._tools_given is None:
-            return
+        if self._tools_given is not None:
+            self.tools_dir = resolve_tools_dir(self._tools_given, kernel_writable=self._kernel_writable())
+
+    def _prepare_tools_dir(self) -> None:
+        """`_check_tools_dir`, and link the tools directory into the kernel's import root.
+
+        Raises:
+            UsageError: The tools directory cannot be trusted; the message names the fix.
+        """
         assert self._home is not None
-        writable = self._kernel_writable()
-        real = tools_dir_path(self._tools_given, kernel_writable=writable)
-        reachable = any(real.is_relative_to(os.path.realpath(w)) for w in writable)
-        if reachable or os.path.lexists(real):
-            real = prepare_tools_dir(self._tools_given, kernel_writable=writable)
-        # else: out of the kernel's reach, and nothing to mount until sources are generated there.
-        self.tools_dir = real
-        # The kernel imports the tools package from a directory holding nothing else, not from the
-        # tools directory's parent: that is often the workspace, where kernel code can plant a
-        # ``pydantic.py`` that would then shadow what generated modules import.
-        imports = self._home / IMPORT_ROOT
-        imports.mkdir(mode=0o700, exist_ok=True)
-        link = imports / real.name
-        if not link.is_symlink() or os.readlink(link) != str(real):
-            link.unlink(missing_ok=True)
-            link.symlink_to(real, target_is_directory=True)
+        self._check_tools_dir()
+        if self.tools_dir is not None:
+            link_tools_dir(self._home, self.tools_dir)
 
-    def _mounted_tools_dir(self) -> Path | None:
-        return self.tools_dir if self.tools_dir is not None and self.tools_dir.is_dir() else None
-
-    def _open_kernel(self, restarting: bool) -> AbstractAsyncContextManager[Kernel]:
-        """Prepare the host side and start a kernel (see `KernelOpener`)."""
-        assert self._home is not None and self._tools is not None
-        restore_home(self._home, self._tools)
-        if restarting:
-            self._recheck_tools_dir()
-        return Kernel.start(
-            python=default_python(),
-            env=kernel_env(
-                self._home, self._token, tools=self.tools_dir, sandboxed=self.sandbox is not None, extra=self._env
-            ),
-            workspace=self.workspace,
-            sandbox=kernel_sandbox(self.sandbox, self._home, tools=self.tools_dir),
-            tools_dir=self._mounted_tools_dir(),
-            hidden=hidden_paths(self._mounted_tools_dir()),
-            limits=self.limits,
-            start_timeout=self.timeouts.start,
+    def _spec(self) -> KernelSpec:
+        return KernelSpec.of(
+            sandbox=self.sandbox, limits=self.limits, env=self._env, workspace=self.workspace, tools_dir=self.tools_dir
         )
+
+    @asynccontextmanager
+    async def _open_kernel(self, restarting: bool) -> AsyncGenerator[Kernel]:
+        """Prepare the host side and start a kernel, or take one from the pool (see `KernelOpener`)."""
+        assert self._home is not None and self._tools is not None
+        lease, self._lease = self._lease, None
+        if lease is None:
+            restore_home(self._home, self._tools)
+            if restarting:
+                self._recheck_tools_dir()
+            if self._pool is not None and not self._pool.separate_workspaces:
+                lease = await self._pool.take(self._spec())
+                if lease is not None and not self._adopt(lease):
+                    lease = None
+        if lease is not None:
+            async with lease.use() as kernel:
+                yield kernel
+            return
+        async with start_kernel(
+            self._spec(), home=self._home, token=self._token, start_timeout=self.timeouts.start
+        ) as kernel:
+            yield kernel
+
+    def _adopt(self, lease: Lease) -> bool:
+        """Move this executor's private directory over to a pooled kernel's: its installed packages
+        (moved onto the kernel's empty packages directory) and the tool socket and token.
+
+        False, with the lease released, if that failed: the caller starts a kernel of its own.
+        """
+        assert self._home is not None and self._tools is not None
+        old = self._home
+        try:
+            os.replace(old / "packages", lease.home / "packages")
+        except OSError as exc:
+            logger.warning("could not take a pooled kernel (%s); starting one", exc)
+            lease.release()
+            return False
+        try:
+            self._tools.move(lease.home / "tools.sock", lease.token)
+        except (OSError, UsageError) as exc:
+            os.replace(lease.home / "packages", old / "packages")
+            logger.warning("could not take a pooled kernel (%s); starting one", exc)
+            lease.release()
+            return False
+        lease.adopted = True
+        self._home, self._token = lease.home, lease.token
+        shutil.rmtree(old, ignore_errors=True)
+        return True
+
+    def _drop_lease(self) -> None:
+        """Release the pooled kernel taken at the start if no kernel supervisor ran it."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
 
     def _recheck_tools_dir(self) -> None:
         """`_prepare_tools_dir` before a restart, where a failure is a start error of that kernel.
