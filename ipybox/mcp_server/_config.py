@@ -78,6 +78,9 @@ class ServerConfig:
         idle_ttl: Seconds without a request after which a session's kernel is shut down; the next
             request starts a fresh one (variables are lost; registered servers and files are kept).
             Over HTTP, a session whose client has gone away is closed after this time.
+        pool_size: Over HTTP, kernels kept started for new sessions (0: none), so that a new
+            session's first cell does not wait for its kernel to start. Each pooled kernel comes with
+            its own directory ``sessions/<random>`` and tools directory.
     """
 
     workspace: Path
@@ -96,6 +99,7 @@ class ServerConfig:
     servers: Mapping[str, StdioServer | HttpServer] = field(default_factory=dict[str, StdioServer | HttpServer])
     allow_register: bool = True
     idle_ttl: float = DEFAULT_IDLE_TTL
+    pool_size: int = 0
 
     def __post_init__(self) -> None:
         if not self.workspace.is_dir():
@@ -112,6 +116,8 @@ class ServerConfig:
         ):
             if size < 1:
                 raise UsageError(f"{name} must be at least 1, got {size!r}")
+        if self.pool_size < 0:
+            raise UsageError(f"pool_size must be a number of kernels (0 for no pool), got {self.pool_size!r}")
 
 
 def _load_config_file(path: Path) -> dict[str, Any]:
@@ -212,6 +218,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="shut a session's kernel down after this many seconds without requests; the next request "
         f"starts a fresh one, keeping registered servers and files (default: {DEFAULT_IDLE_TTL:g})",
     )
+    where.add_argument(
+        "--pool",
+        type=int,
+        default=0,
+        metavar="N",
+        help="HTTP: keep N sandboxed kernels started, so that a new session is ready at once (default: 0)",
+    )
 
     kernel = parser.add_argument_group("kernel")
     kernel.add_argument("--config", type=Path, metavar="FILE", help="JSON config file (see below)")
@@ -298,6 +311,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         extra["max_output_chars"] = args.max_output_chars
     if args.max_file_mb is not None:
         extra["max_file_bytes"] = int(args.max_file_mb * 1024**2)
+    if args.pool and args.transport != "http":
+        raise UsageError("--pool keeps kernels for new HTTP sessions; over stdio there is one session: drop --pool")
     ro_paths = tuple(p.expanduser().resolve() for p in args.ro_path)
     rw_paths = tuple(p.expanduser().resolve() for p in args.rw_path)
     return ServerConfig(
@@ -315,6 +330,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         # client only when the operator says so.
         allow_register=not args.no_register and (args.transport == "stdio" or args.allow_register),
         idle_ttl=args.idle_ttl,
+        pool_size=args.pool,
         **extra,
     )
 
