@@ -23,6 +23,7 @@ from typing import Literal, Self
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from ._config import Limits, SandboxConfig, Timeouts
 from ._events import wait_any
@@ -41,6 +42,8 @@ logger = logging.getLogger(__name__)
 # broken sandbox must not turn the refill into a busy loop.
 _RETRY_FIRST = 0.5
 _RETRY_MAX = 30.0
+# Turns of the event loop between an executor taking its kernel and the start of the next one.
+_HANDOVER_TURNS = 5
 
 
 @dataclass(eq=False)
@@ -57,6 +60,8 @@ class Lease:
     """The executor took over ``home`` (and ``dirs``): the pool no longer removes them."""
     leaving: anyio.Event = field(default_factory=anyio.Event)
     """The kernel left the pool: taken, or dropped because it no longer fits."""
+    in_use: anyio.Event = field(default_factory=anyio.Event)
+    """The taker runs the kernel now (its executor is ready)."""
     released: anyio.Event = field(default_factory=anyio.Event)
     closed: anyio.Event = field(default_factory=anyio.Event)
 
@@ -64,6 +69,7 @@ class Lease:
     async def use(self) -> AsyncGenerator[Kernel]:
         """The kernel until the block ends; then it is shut down (the pool's task does that)."""
         assert self.kernel is not None
+        self.in_use.set()
         try:
             yield self.kernel
         finally:
@@ -154,6 +160,9 @@ class KernelPool:
         self._max_starting = max_starting
         self._ready: list[Lease] = []
         self._starting = 0
+        # Kernels taken whose executor is not ready yet: the next start waits for it, so that its
+        # work on the event loop and the CPU does not slow that executor down.
+        self._handing = 0
         # Failed starts in a row (they delay the next), and in all; the last one's error.
         self._failures = 0
         self._failed_starts = 0
@@ -251,6 +260,7 @@ class KernelPool:
             if lease.kernel.exited.is_set():
                 continue  # its task removes it
             self._ready.remove(lease)
+            self._handing += 1
             lease.leaving.set()
             self._wake()
             # Started before the tools directory appeared, say: it no longer fits.
@@ -265,7 +275,7 @@ class KernelPool:
     async def _refill(self) -> None:
         assert self._tg is not None
         while True:
-            while len(self._ready) + self._starting < self.size and self._starting < self._max_starting:
+            while len(self._ready) + self._starting + self._handing < self.size and self._starting < self._max_starting:
                 self._starting += 1
                 self._tg.start_soon(self._hold)
             await self._wait_changed()
@@ -288,6 +298,16 @@ class KernelPool:
                 await wait_any(kernel.exited, lease.leaving)
                 if not lease.leaving.is_set():
                     logger.info("a pooled kernel exited while waiting (%s); it is replaced", kernel.exit_code)
+                else:
+                    try:
+                        await wait_any(kernel.exited, lease.in_use, lease.released)
+                        # The executor becomes ready a few turns of the event loop later; the next
+                        # start's preparation (tens of ms of CPU) must not run before that.
+                        for _ in range(_HANDOVER_TURNS):
+                            await anyio.lowlevel.checkpoint()
+                    finally:
+                        self._handing -= 1
+                        self._wake()
                 await wait_any(kernel.exited, lease.released)
         except (KernelStartError, UsageError, OSError) as exc:
             self._failures += 1

@@ -41,6 +41,7 @@ async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Imported here: at conftest import time the plugin is not registered yet, so pytest could not
     # rewrite its asserts.
     from servers.fixtures import stdio_server
+
     root = tmp_path_factory.mktemp("tools") / "mcptools"
     await generate_mcp_sources("test", stdio_server(), root)
     return root
