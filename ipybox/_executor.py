@@ -18,7 +18,7 @@ import anyio.abc
 
 from ._approval import Approval, ApprovalDecision, check_approval, decide_by_policy
 from ._channel import ToolRequest
-from ._config import Limits, SandboxConfig, Timeouts, check_seconds
+from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings, check_seconds
 from ._exceptions import (
     ExecutionCancelled,
     KernelStartError,
@@ -111,14 +111,7 @@ class CodeExecutor:
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
             raise UsageError(f"workspace {str(workspace)!r} is not an existing directory; create it first")
-        if env is not None:
-            for name, value in env.items():
-                if not isinstance(name, str) or not isinstance(value, str):  # pyright: ignore[reportUnnecessaryIsInstance]
-                    raise UsageError(f"env must map str to str; {name!r}: {value!r} is not")
-        if timeouts is not None and not isinstance(timeouts, Timeouts):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise UsageError(f"timeouts must be a Timeouts, got {timeouts!r}")
-        if limits is not None and not isinstance(limits, Limits):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise UsageError(f"limits must be a Limits, got {limits!r}")
+        check_kernel_settings(env, limits, timeouts)
         check_approval(approval)
         if pool is not None and not isinstance(pool, KernelPool):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"pool must be a KernelPool, got {pool!r}")

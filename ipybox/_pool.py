@@ -25,7 +25,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from ._config import Limits, SandboxConfig, Timeouts
+from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings
 from ._events import wait_any
 from ._exceptions import KernelStartError, UsageError
 from ._kernel import Kernel
@@ -135,10 +135,7 @@ class KernelPool:
             raise UsageError(f"size must be a positive number of kernels, got {size!r}")
         if not isinstance(max_starting, int) or max_starting < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"max_starting must be a positive number of kernels, got {max_starting!r}")
-        if limits is not None and not isinstance(limits, Limits):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise UsageError(f"limits must be a Limits, got {limits!r}")
-        if timeouts is not None and not isinstance(timeouts, Timeouts):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise UsageError(f"timeouts must be a Timeouts, got {timeouts!r}")
+        check_kernel_settings(env, limits, timeouts)
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
             raise UsageError(f"workspace {str(workspace)!r} is not an existing directory; create it first")
