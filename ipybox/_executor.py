@@ -185,7 +185,12 @@ class CodeExecutor:
             token=self._token,
             gate=self._gate,
             call_timeout=self.timeouts.tool,
+            listener=lease.listener if lease is not None else None,
         )
+        if lease is not None and lease.listener is not None:
+            # The tool server's from now on; closed here too in case it never runs (closing twice is harmless).
+            stack.callback(lease.listener.close)
+            lease.listener = None
         self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
         self._prepare_tools_dir()
         if self.tools_dir is not None:
@@ -259,25 +264,25 @@ class CodeExecutor:
 
     def _adopt(self, lease: Lease) -> bool:
         """Move this executor's private directory over to a pooled kernel's: its installed packages
-        (moved onto the kernel's empty packages directory) and the tool socket and token.
+        (into the kernel's packages directory, which its sandbox mounts), its tool socket and token.
 
         False, with the lease released, if that failed: the caller starts a kernel of its own.
         """
         assert self._home is not None and self._tools is not None
         old = self._home
+        moved: list[str] = []
         try:
-            os.replace(old / "packages", lease.home / "packages")
-        except OSError as exc:
-            logger.warning("could not take a pooled kernel (%s); starting one", exc)
-            lease.release()
-            return False
-        try:
-            self._tools.move(lease.home / "tools.sock", lease.token)
+            for name in os.listdir(old / "packages"):
+                os.rename(old / "packages" / name, lease.home / "packages" / name)
+                moved.append(name)
+            self._tools.move(lease.home / "tools.sock", lease.token, listener=lease.listener)
         except (OSError, UsageError) as exc:
-            os.replace(lease.home / "packages", old / "packages")
+            for name in moved:
+                os.rename(lease.home / "packages" / name, old / "packages" / name)
             logger.warning("could not take a pooled kernel (%s); starting one", exc)
             lease.release()
             return False
+        lease.listener = None
         lease.adopted = True
         self._home, self._token = lease.home, lease.token
         shutil.rmtree(old, ignore_errors=True)

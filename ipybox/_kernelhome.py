@@ -77,15 +77,17 @@ def kernel_env(
     return env
 
 
-def kernel_sandbox(sandbox: SandboxConfig | None, home: Path) -> SandboxConfig | None:
-    """``sandbox`` with the executor's private directory added read-only."""
+def kernel_sandbox(sandbox: SandboxConfig | None, home: Path, *, tools: Path | None) -> SandboxConfig | None:
+    """``sandbox`` with the executor's private paths added read-only."""
     if sandbox is None:
         return None
     # The socket, the packages and the import root are host-owned: the kernel may use them, not
-    # change them. The directory is mounted, not each of them, so that the host can put them in
-    # place after the kernel started: a pooled kernel's executor binds its tool socket and moves
-    # its installed packages there when it takes the kernel.
-    return dataclasses.replace(sandbox, ro_paths=[*sandbox.ro_paths, home])
+    # change them. Each is mounted, not the directory: a mount holds its inode, so the running
+    # kernel keeps its tools when a /tmp cleaner deletes the directory.
+    extra = [home / "tools.sock", home / "packages"]
+    if tools is not None:
+        extra.append(home / IMPORT_ROOT)
+    return dataclasses.replace(sandbox, ro_paths=[*sandbox.ro_paths, *extra])
 
 
 def new_home(tools: Path | None) -> Path:

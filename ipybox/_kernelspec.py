@@ -86,7 +86,7 @@ def start_kernel(
         python=spec.python,
         env=kernel_env(home, token, tools=spec.tools_dir, sandboxed=spec.sandbox is not None, extra=dict(spec.env)),
         workspace=spec.workspace,
-        sandbox=kernel_sandbox(spec.sandbox, home),
+        sandbox=kernel_sandbox(spec.sandbox, home, tools=spec.tools_dir),
         tools_dir=spec.mounted_tools,
         hidden=spec.hidden,
         limits=spec.limits,

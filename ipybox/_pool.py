@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import shutil
+import socket
 import tempfile
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
@@ -32,6 +33,7 @@ from ._kernel import Kernel
 from ._kernelhome import check_bytecode, new_home, resolve_tools_dir
 from ._kernelspec import KernelSpec, start_kernel
 from ._tooldir import prepare_tools_dir
+from ._toolsocket import bind_socket
 from .sandbox._sandbox import resolve_sandbox
 
 __all__ = ("KernelPool", "Lease")
@@ -53,6 +55,9 @@ class Lease:
     spec: KernelSpec
     home: Path
     token: str
+    listener: socket.socket | None = None
+    """The tool socket, bound before the kernel starts so that its sandbox mounts it; the taker's
+    ToolServer serves it."""
     dirs: tuple[Path, ...] = ()
     """Directories made for this kernel alone (separate workspaces): the taker's once adopted."""
     kernel: Kernel | None = None
@@ -317,6 +322,8 @@ class KernelPool:
             if starting:
                 self._starting -= 1
             if lease is not None:
+                if lease.listener is not None:
+                    lease.listener.close()
                 if lease in self._ready:
                     self._ready.remove(lease)
                 if not lease.adopted:
@@ -341,11 +348,13 @@ class KernelPool:
             else:
                 spec = self._shared_spec()
             home = new_home(spec.tools_dir)
+            dirs.append(home)
+            listener = bind_socket(home / "tools.sock")
         except BaseException:
             for path in dirs:
                 shutil.rmtree(path, ignore_errors=True)
             raise
-        return Lease(spec=spec, home=home, token=secrets.token_urlsafe(32), dirs=tuple(dirs))
+        return Lease(spec=spec, home=home, token=secrets.token_urlsafe(32), listener=listener, dirs=tuple(dirs[:-1]))
 
     def _shared_spec(self) -> KernelSpec:
         tools = None

@@ -119,6 +119,9 @@ class ToolServer:
         call_timeout: Seconds one MCP call may take, not counting approval; None for no limit.
         connect_timeout: Seconds to start or reach a server and list its tools.
         max_connections: Connections served at once; more wait until one closes.
+        listener: A listening socket already bound at ``socket_path`` (a pooled kernel's, made
+            before the kernel started so that its sandbox could mount it), served instead of
+            binding one. The server owns it from then on.
     """
 
     def __init__(
@@ -130,6 +133,7 @@ class ToolServer:
         call_timeout: float | None = 300.0,
         connect_timeout: float = 30.0,
         max_connections: int = MAX_CONNECTIONS,
+        listener: socket.socket | None = None,
     ) -> None:
         _check_token_strength(token)
         if call_timeout is not None and call_timeout <= 0:
@@ -150,6 +154,7 @@ class ToolServer:
         self._connection_closed = anyio.Event()
         # The cancel scope of each listener serving now (more than one after a rebind).
         self._listeners: list[anyio.CancelScope] = []
+        self._given_listener = listener
 
     @property
     def socket_path(self) -> Path:
@@ -209,7 +214,7 @@ class ToolServer:
         """
         if self._sessions.task_group is not None:
             raise UsageError("this ToolServer is already running; call run() once")
-        listener = bind_socket(self._socket_path)
+        listener, self._given_listener = self._given_listener or bind_socket(self._socket_path), None
         try:
             async with anyio.create_task_group() as tg:
                 self._sessions.task_group = tg
@@ -235,11 +240,13 @@ class ToolServer:
             return
         self._listen(bind_socket(self._socket_path), tg)
 
-    def move(self, socket_path: Path, token: str) -> None:
+    def move(self, socket_path: Path, token: str, *, listener: socket.socket | None = None) -> None:
         """Serve at ``socket_path`` with ``token`` from now on, for a kernel started with them, and
         stop listening where the server listened before.
 
         Connections already open stay, but their requests carry the old token and are refused.
+        ``listener``, if given, is already bound there (see the constructor) and is owned by the
+        server from then on.
 
         Raises:
             UsageError: The server is not running, or the socket path is unusable.
@@ -247,7 +254,7 @@ class ToolServer:
         """
         tg = self._running_group("move()")
         _check_token_strength(token)
-        listener = bind_socket(socket_path)
+        listener = listener or bind_socket(socket_path)
         old, self._listeners = self._listeners, []
         self._socket_path, self._token = Path(socket_path), token.encode()
         self._listen(listener, tg)
