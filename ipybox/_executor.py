@@ -167,7 +167,9 @@ class CodeExecutor:
         separate = self._pool is not None and self._pool.separate_workspaces
         if not separate:
             self._check_tools_dir()
-        lease = await self._pool.take(self._spec()) if self._pool is not None else None
+        lease = None
+        if self._pool is not None:
+            lease = await self._pool._take(self._spec())  # pyright: ignore[reportPrivateUsage]
         if lease is not None:
             self._lease = lease
             stack.callback(self._drop_lease)
@@ -250,7 +252,7 @@ class CodeExecutor:
             if restarting:
                 self._recheck_tools_dir()
             if self._pool is not None and not self._pool.separate_workspaces:
-                lease = await self._pool.take(self._spec())
+                lease = await self._pool._take(self._spec())  # pyright: ignore[reportPrivateUsage]
                 if lease is not None and not self._adopt(lease):
                     lease = None
         if lease is not None:

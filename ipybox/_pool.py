@@ -221,7 +221,7 @@ class KernelPool:
 
     # -- taking -------------------------------------------------------------------------
 
-    async def take(self, spec: KernelSpec) -> Lease | None:
+    async def _take(self, spec: KernelSpec) -> Lease | None:
         """A ready kernel started as ``spec`` says, waiting up to ``timeouts.start`` for one.
 
         With ``separate_workspaces`` the directories of ``spec`` are not compared: the kernel comes

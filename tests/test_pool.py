@@ -25,6 +25,7 @@ from ipybox import (
     CodeExecutionError,
     CodeExecutor,
     KernelPool,
+    KernelStartError,
     Limits,
 )
 
@@ -200,3 +201,15 @@ async def test_a_pool_with_separate_workspaces_gives_each_executor_its_own_direc
     # The taken kernels' directories are the caller's; the pool removed those it never handed out.
     assert (first / "note.txt").read_text() == (second / "note.txt").read_text() == "mine"
     assert not any(path.exists() for path in (unused.home, *unused.dirs))
+
+
+async def test_an_executor_does_not_wait_for_a_pool_whose_kernels_fail_to_start(workspace: Path) -> None:
+    # Too little address space for the kernel to start.
+    starved = Limits(memory=64 * 1024**2)
+    async with KernelPool(size=1, workspace=workspace, tools_dir=None, limits=starved) as pool:
+        with anyio.fail_after(FILL_TIMEOUT), pytest.raises(KernelStartError):
+            await pool.wait_until_full()
+        # It starts its own kernel at once, and that start's error says why.
+        with anyio.fail_after(FILL_TIMEOUT), pytest.raises(KernelStartError, match="exited during start-up"):
+            async with CodeExecutor(workspace=workspace, tools_dir=None, limits=starved, pool=pool):
+                pass
