@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from ._mcp import HttpServer as HttpServer
     from ._mcp import StdioServer as StdioServer
     from ._packages import PackageInstallError as PackageInstallError
+    from ._pool import KernelPool as KernelPool
     from ._results import CodeExecutionChunk as CodeExecutionChunk
     from ._results import CodeExecutionResult as CodeExecutionResult
     from ._results import Image as Image
@@ -83,6 +84,7 @@ _LAZY = {
     "IpyboxError": "._exceptions",
     "KernelDied": "._exceptions",
     "KernelError": "._exceptions",
+    "KernelPool": "._pool",
     "KernelStartError": "._exceptions",
     "Limits": "._config",
     "MCPServerError": "._exceptions",
@@ -133,6 +135,7 @@ __all__ = (
     "IpyboxError",
     "KernelDied",
     "KernelError",
+    "KernelPool",
     "KernelStartError",
     "Limits",
     "MCPServerError",

@@ -7,14 +7,14 @@ objects (or their defaults) rather than declaring their own.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from ._exceptions import UsageError
 
-__all__ = ("Limits", "SandboxConfig", "Timeouts", "check_seconds")
+__all__ = ("Limits", "SandboxConfig", "Timeouts", "check_kernel_settings", "check_seconds")
 
 
 def check_seconds(value: object, what: str) -> None:
@@ -24,6 +24,21 @@ def check_seconds(value: object, what: str) -> None:
     number = isinstance(value, int | float) and not isinstance(value, bool)
     if not (number and value > 0 and math.isfinite(value)):  # type: ignore[operator]
         raise UsageError(f"{what} must be a positive number of seconds or None, got {value!r}")
+
+
+def check_kernel_settings(env: object, limits: object, timeouts: object) -> None:
+    """Raises UsageError unless ``env`` maps str to str (or is None) and ``limits`` and ``timeouts``
+    are a `Limits` and a `Timeouts` (or None)."""
+    if isinstance(env, Mapping):
+        for name, value in cast("Mapping[object, object]", env).items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise UsageError(f"env must map str to str; {name!r}: {value!r} is not")
+    elif env is not None:
+        raise UsageError(f"env must be a mapping of str to str, got {env!r}")
+    if timeouts is not None and not isinstance(timeouts, Timeouts):
+        raise UsageError(f"timeouts must be a Timeouts, got {timeouts!r}")
+    if limits is not None and not isinstance(limits, Limits):
+        raise UsageError(f"limits must be a Limits, got {limits!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,9 +7,8 @@ import logging
 import os
 import secrets
 import shutil
-import tempfile
-from collections.abc import Mapping
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -19,31 +18,30 @@ import anyio.abc
 
 from ._approval import Approval, ApprovalDecision, ApprovalRequest, check_approval, decide_by_policy
 from ._channel import ToolRequest
-from ._config import Limits, SandboxConfig, Timeouts, check_seconds
+from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings, check_seconds
 from ._exceptions import (
     ExecutionCancelled,
     KernelStartError,
     UsageError,
 )
 from ._execution import Execution, ExecutionDriver, open_execution
-from ._kernel import (
-    Kernel,
-    default_python,
-)
-from ._kernelhome import IMPORT_ROOT, check_bytecode, hidden_paths, kernel_env, kernel_sandbox, restore_home
+from ._kernel import Kernel
+from ._kernelhome import check_bytecode, link_tools_dir, new_home, resolve_tools_dir, restore_home
+from ._kernelspec import KernelSpec, start_kernel
 from ._keyed import KeyedExecutions
 from ._manifest import load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._packages import install_package
+from ._pool import KernelPool, Lease
 from ._running import run_execution
 from ._supervisor import KernelSupervisor
-from ._tooldir import prepare_tools_dir, tools_dir_path
+from ._tooldir import tools_dir_path
 from ._toolserver import ToolServer
 from ._workspace import copy_file, write_file
 from .network._policy import Network
 from .network._proxy import NetworkProxy
 from .network._request import NetworkRequest, network_request_fields
-from .network._setup import NET_SOCKET, check_network, network_env, with_network_mount
+from .network._setup import NET_SOCKET, check_network
 from .sandbox._sandbox import resolve_sandbox
 from .skills._store import (
     SKILLS_PACKAGE,
@@ -113,6 +111,11 @@ class CodeExecutor:
         network: None (the default): the kernel has no network at all. A `Network`: HTTP(S)
             clients in the kernel reach the destinations it allows through a proxy on the host,
             and unlisted ones are denied or asked as a `NetworkRequest` (needs the sandbox).
+        pool: A `KernelPool` to take kernels from (the first one, and each one after `reset` or a
+            kernel's death) instead of starting them. A pooled kernel is taken only if its settings
+            equal this executor's; otherwise the executor starts its own (and logs why, once). From
+            a pool with ``separate_workspaces``, the executor works in the kernel's own workspace and
+            tools directory, not in ``workspace`` and ``tools_dir``.
     """
 
     def __init__(
@@ -127,19 +130,18 @@ class CodeExecutor:
         approval: Approval = "ask",
         skills_dir: Path | str | None = None,
         network: Network | None = None,
+        pool: KernelPool | None = None,
     ) -> None:
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
             raise UsageError(f"workspace {str(workspace)!r} is not an existing directory; create it first")
-        if env is not None:
-            for name, value in env.items():
-                if not isinstance(name, str) or not isinstance(value, str):  # pyright: ignore[reportUnnecessaryIsInstance]
-                    raise UsageError(f"env must map str to str; {name!r}: {value!r} is not")
-        if timeouts is not None and not isinstance(timeouts, Timeouts):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise UsageError(f"timeouts must be a Timeouts, got {timeouts!r}")
-        if limits is not None and not isinstance(limits, Limits):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise UsageError(f"limits must be a Limits, got {limits!r}")
+        check_kernel_settings(env, limits, timeouts)
         check_approval(approval)
+        if pool is not None and not isinstance(pool, KernelPool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"pool must be a KernelPool, got {pool!r}")
+        self._pool = pool
+        # The pooled kernel taken at the start, until the supervisor runs it.
+        self._lease: Lease | None = None
         self.sandbox = resolve_sandbox(sandbox)
         self.network = check_network(network, self.sandbox)
         self._proxy: NetworkProxy | None = None
@@ -194,16 +196,35 @@ class CodeExecutor:
     async def _start(self, stack: AsyncExitStack) -> None:
         if self.sandbox is not None:
             check_bytecode()
+        separate = self._pool is not None and self._pool.separate_workspaces
+        if not separate:
+            self._check_tools_dir()
+        lease = None
+        if self._pool is not None:
+            lease = await self._pool._take(self._spec())  # pyright: ignore[reportPrivateUsage]
+        if lease is not None:
+            self._lease = lease
+            stack.callback(self._drop_lease)
+            lease.adopted = True
+            self._home, self._token = lease.home, lease.token
+            if separate:
+                self.workspace, self._tools_given = lease.spec.workspace, lease.spec.tools_dir
+        else:
+            self._home = new_home(None)
         # Private to this executor: the tool socket and the packages installed for the kernel.
-        self._home = Path(tempfile.mkdtemp(prefix="ipybox-"))
-        stack.callback(shutil.rmtree, self._home, ignore_errors=True)
-        (self._home / "packages").mkdir()
+        # The one it has at the end: a kernel taken from a pool brings its own.
+        stack.callback(lambda: shutil.rmtree(self._home, ignore_errors=True) if self._home else None)
         self._tools = ToolServer(
             socket_path=self._home / "tools.sock",
             token=self._token,
             gate=self._gate,
             call_timeout=self.timeouts.tool,
+            listener=lease.listener if lease is not None else None,
         )
+        if lease is not None and lease.listener is not None:
+            # The tool server's from now on; closed here too in case it never runs (closing twice is harmless).
+            stack.callback(lease.listener.close)
+            lease.listener = None
         self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
         if self._skills_given is not None:
             self._tools.register_builtin(BUILTIN_SERVER, "save_skill", self._save_skill_from_kernel)
@@ -240,42 +261,25 @@ class CodeExecutor:
         extra = [Path(p) for p in self.sandbox.rw_paths] if self.sandbox is not None else []
         return [self.workspace, *extra]
 
-    def _prepare_tools_dir(self) -> None:
-        """Check the tools directory before a kernel starts (creating it where the kernel could),
-        and link it into the kernel's import root.
-
-        A missing one inside the workspace is created, so that the sandbox mounts it read-only:
-        the kernel would otherwise create it, manifest included, for the next executor to trust.
-        Its manifest directory too, so that it is hidden even when sources are generated while
-        the kernel runs (the mount is live). Checked at every start: a symlink planted since would
-        redirect the mount and the host's writes.
+    def _check_tools_dir(self) -> None:
+        """Check the tools directory before a kernel starts (see `resolve_tools_dir`).
 
         Raises:
             UsageError: The tools directory cannot be trusted; the message names the fix.
         """
-        if self._tools_given is None:
-            return
-        assert self._home is not None
-        writable = self._kernel_writable()
-        real = tools_dir_path(self._tools_given, kernel_writable=writable)
-        reachable = any(real.is_relative_to(os.path.realpath(w)) for w in writable)
-        if reachable or os.path.lexists(real):
-            real = prepare_tools_dir(self._tools_given, kernel_writable=writable)
-        # else: out of the kernel's reach, and nothing to mount until sources are generated there.
-        self.tools_dir = real
-        self._link_import(real.name, real)
+        if self._tools_given is not None:
+            self.tools_dir = resolve_tools_dir(self._tools_given, kernel_writable=self._kernel_writable())
 
-    def _link_import(self, package: str, real: Path) -> None:
-        # The kernel imports the tools and skills packages from a directory holding nothing else, not
-        # from their parent: that is often the workspace, where kernel code can plant a
-        # ``pydantic.py`` that would then shadow what generated modules import.
+    def _prepare_tools_dir(self) -> None:
+        """`_check_tools_dir`, and link the tools directory into the kernel's import root.
+
+        Raises:
+            UsageError: The tools directory cannot be trusted; the message names the fix.
+        """
         assert self._home is not None
-        imports = self._home / IMPORT_ROOT
-        imports.mkdir(mode=0o700, exist_ok=True)
-        link = imports / package
-        if not link.is_symlink() or os.readlink(link) != str(real):
-            link.unlink(missing_ok=True)
-            link.symlink_to(real, target_is_directory=True)
+        self._check_tools_dir()
+        if self.tools_dir is not None:
+            link_tools_dir(self._home, self.tools_dir)
 
     def _prepare_skills_dir(self) -> None:
         """Create and check the skills directory before a kernel starts, as `_prepare_tools_dir`
@@ -286,44 +290,78 @@ class CodeExecutor:
         """
         if self._skills_given is None:
             return
+        assert self._home is not None
         self.skills_dir = prepare_skills_dir(
             self._skills_given, kernel_writable=self._kernel_writable(), tools_dir=self.tools_dir
         )
-        self._link_import(SKILLS_PACKAGE, self.skills_dir)
+        link_tools_dir(self._home, self.skills_dir, name=SKILLS_PACKAGE)
 
-    def _mounted_tools_dir(self) -> Path | None:
-        return self.tools_dir if self.tools_dir is not None and self.tools_dir.is_dir() else None
+    def _spec(self) -> KernelSpec:
+        return KernelSpec.of(
+            sandbox=self.sandbox,
+            limits=self.limits,
+            env=self._env,
+            workspace=self.workspace,
+            tools_dir=self.tools_dir,
+            skills_dir=self.skills_dir,
+            network=self.network is not None,
+        )
 
-    def _open_kernel(self, restarting: bool) -> AbstractAsyncContextManager[Kernel]:
-        """Prepare the host side and start a kernel (see `KernelOpener`)."""
+    @asynccontextmanager
+    async def _open_kernel(self, restarting: bool) -> AsyncGenerator[Kernel]:
+        """Prepare the host side and start a kernel, or take one from the pool (see `KernelOpener`)."""
         assert self._home is not None and self._tools is not None
-        restore_home(self._home, self._tools)
-        if restarting:
-            self._recheck_tools_dir()
-        env = dict(self._env)
-        sandbox = kernel_sandbox(self.sandbox, self._home, tools=self.tools_dir, skills=self.skills_dir)
+        lease, self._lease = self._lease, None
+        if lease is None:
+            restore_home(self._home, self._tools)
+            if restarting:
+                self._recheck_tools_dir()
+            if self._pool is not None and not self._pool.separate_workspaces:
+                lease = await self._pool._take(self._spec())  # pyright: ignore[reportPrivateUsage]
+                if lease is not None and not self._adopt(lease):
+                    lease = None
+        if lease is not None:
+            async with lease.use() as kernel:
+                yield kernel
+            return
         if self._proxy is not None:
             self._proxy.rebind()
-            env = {**network_env(self._home), **env}
-            sandbox = with_network_mount(sandbox, self._home)
-        return Kernel.start(
-            python=default_python(),
-            env=kernel_env(
-                self._home,
-                self._token,
-                tools=self.tools_dir,
-                sandboxed=self.sandbox is not None,
-                extra=env,
-                skills=self.skills_dir,
-            ),
-            workspace=self.workspace,
-            sandbox=sandbox,
-            tools_dir=self._mounted_tools_dir(),
-            hidden=hidden_paths(self._mounted_tools_dir()),
-            limits=self.limits,
-            start_timeout=self.timeouts.start,
-            skills_dir=self.skills_dir,
-        )
+        async with start_kernel(
+            self._spec(), home=self._home, token=self._token, start_timeout=self.timeouts.start
+        ) as kernel:
+            yield kernel
+
+    def _adopt(self, lease: Lease) -> bool:
+        """Move this executor's private directory over to a pooled kernel's: its installed packages
+        (into the kernel's packages directory, which its sandbox mounts), its tool socket and token.
+
+        False, with the lease released, if that failed: the caller starts a kernel of its own.
+        """
+        assert self._home is not None and self._tools is not None
+        old = self._home
+        moved: list[str] = []
+        try:
+            for name in os.listdir(old / "packages"):
+                os.rename(old / "packages" / name, lease.home / "packages" / name)
+                moved.append(name)
+            self._tools.move(lease.home / "tools.sock", lease.token, listener=lease.listener)
+        except (OSError, UsageError) as exc:
+            for name in moved:
+                os.rename(lease.home / "packages" / name, old / "packages" / name)
+            logger.warning("could not take a pooled kernel (%s); starting one", exc)
+            lease.release()
+            return False
+        lease.listener = None
+        lease.adopted = True
+        self._home, self._token = lease.home, lease.token
+        shutil.rmtree(old, ignore_errors=True)
+        return True
+
+    def _drop_lease(self) -> None:
+        """Release the pooled kernel taken at the start if no kernel supervisor ran it."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
 
     def _recheck_tools_dir(self) -> None:
         """`_prepare_tools_dir` before a restart, where a failure is a start error of that kernel.

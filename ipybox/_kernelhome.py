@@ -7,18 +7,31 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
 import stat
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ._config import SandboxConfig
 from ._exceptions import KernelStartError, UsageError
 from ._kernel import bytecode_missing
 from ._manifest import MANIFEST_DIR
+from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver import ToolServer
 
-__all__ = ("IMPORT_ROOT", "check_bytecode", "hidden_paths", "kernel_env", "kernel_sandbox", "restore_home")
+__all__ = (
+    "IMPORT_ROOT",
+    "check_bytecode",
+    "hidden_paths",
+    "kernel_env",
+    "kernel_sandbox",
+    "link_tools_dir",
+    "new_home",
+    "resolve_tools_dir",
+    "restore_home",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,11 +93,61 @@ def kernel_sandbox(
     if sandbox is None:
         return None
     # The socket, the packages and the import root are host-owned: the kernel may use them, not
-    # change them.
+    # change them. Each is mounted, not the directory: a mount holds its inode, so the running
+    # kernel keeps its tools when a /tmp cleaner deletes the directory.
     extra = [home / "tools.sock", home / "packages"]
     if tools is not None or skills is not None:
         extra.append(home / IMPORT_ROOT)
     return dataclasses.replace(sandbox, ro_paths=[*sandbox.ro_paths, *extra])
+
+
+def new_home(tools: Path | None) -> Path:
+    """A new private directory for one kernel: its packages directory and its import root."""
+    home = Path(tempfile.mkdtemp(prefix="ipybox-"))
+    try:
+        (home / "packages").mkdir()
+        if tools is not None:
+            link_tools_dir(home, tools)
+    except BaseException:
+        shutil.rmtree(home, ignore_errors=True)
+        raise
+    return home
+
+
+def resolve_tools_dir(given: Path, *, kernel_writable: Sequence[Path]) -> Path:
+    """The real tools directory, checked; created if it is missing where the kernel could write.
+
+    A missing one inside the workspace is created, so that the sandbox mounts it read-only: the
+    kernel would otherwise create it, manifest included, for the next executor to trust. Its
+    manifest directory too, so that it is hidden even when sources are generated while the kernel
+    runs (the mount is live). Checked at every start: a symlink planted since would redirect the
+    mount and the host's writes.
+
+    Raises:
+        UsageError: The tools directory cannot be trusted; the message names the fix.
+    """
+    real = tools_dir_path(given, kernel_writable=kernel_writable)
+    reachable = any(real.is_relative_to(os.path.realpath(w)) for w in kernel_writable)
+    if reachable or os.path.lexists(real):
+        real = prepare_tools_dir(given, kernel_writable=kernel_writable)
+    # else: out of the kernel's reach, and nothing to mount until sources are generated there.
+    return real
+
+
+def link_tools_dir(home: Path, tools: Path, *, name: str | None = None) -> None:
+    """Link the tools directory (or the skills directory, as package ``name``) into the import
+    root of ``home``.
+
+    The kernel imports the tools package from a directory holding nothing else, not from the
+    tools directory's parent: that is often the workspace, where kernel code can plant a
+    ``pydantic.py`` that would then shadow what generated modules import.
+    """
+    imports = home / IMPORT_ROOT
+    imports.mkdir(mode=0o700, exist_ok=True)
+    link = imports / (name or tools.name)
+    if not link.is_symlink() or os.readlink(link) != str(tools):
+        link.unlink(missing_ok=True)
+        link.symlink_to(tools, target_is_directory=True)
 
 
 def hidden_paths(tools: Path | None) -> list[Path]:

@@ -119,6 +119,9 @@ class ToolServer:
         call_timeout: Seconds one MCP call may take, not counting approval; None for no limit.
         connect_timeout: Seconds to start or reach a server and list its tools.
         max_connections: Connections served at once; more wait until one closes.
+        listener: A listening socket already bound at ``socket_path`` (a pooled kernel's, made
+            before the kernel started so that its sandbox could mount it), served instead of
+            binding one. The server owns it from then on.
     """
 
     def __init__(
@@ -130,9 +133,9 @@ class ToolServer:
         call_timeout: float | None = 300.0,
         connect_timeout: float = 30.0,
         max_connections: int = MAX_CONNECTIONS,
+        listener: socket.socket | None = None,
     ) -> None:
-        if len(token) < 16:
-            raise UsageError("the ToolServer token must be at least 16 characters; use secrets.token_urlsafe()")
+        _check_token_strength(token)
         if call_timeout is not None and call_timeout <= 0:
             raise UsageError(f"call_timeout must be positive or None, got {call_timeout!r}")
         if connect_timeout <= 0:
@@ -149,6 +152,9 @@ class ToolServer:
         self._max_reply_bytes = MAX_REPLY_BYTES
         self._task_group: anyio.abc.TaskGroup | None = None
         self._connection_closed = anyio.Event()
+        # The cancel scope of each listener serving now (more than one after a rebind).
+        self._listeners: list[anyio.CancelScope] = []
+        self._given_listener = listener
 
     @property
     def socket_path(self) -> Path:
@@ -208,18 +214,16 @@ class ToolServer:
         """
         if self._sessions.task_group is not None:
             raise UsageError("this ToolServer is already running; call run() once")
-        listener = bind_socket(self._socket_path)
-        inode = os.stat(self._socket_path).st_ino
+        listener, self._given_listener = self._given_listener or bind_socket(self._socket_path), None
         try:
             async with anyio.create_task_group() as tg:
                 self._sessions.task_group = tg
-                tg.start_soon(self._accept, listener, tg)
+                self._listen(listener, tg)
                 task_status.started()
         finally:
             self._sessions.task_group = None
             self._sessions.forget_sessions()
-            listener.close()
-            remove_socket(self._socket_path, inode)
+            self._listeners.clear()
 
     def rebind(self) -> None:
         """Bind the socket file again if it is gone (deleted by a ``/tmp`` cleaner, say).
@@ -231,20 +235,54 @@ class ToolServer:
             UsageError: The server is not running, or the socket path is unusable.
             OSError: The socket could not be bound.
         """
-        tg = self._sessions.task_group
-        if tg is None:
-            raise UsageError("rebind() needs a running ToolServer ('await task_group.start(server.run)')")
+        tg = self._running_group("rebind()")
         if os.path.lexists(self._socket_path):
             return
-        listener = bind_socket(self._socket_path)
-        tg.start_soon(self._serve_listener, listener, os.stat(self._socket_path).st_ino, tg)
+        self._listen(bind_socket(self._socket_path), tg)
 
-    async def _serve_listener(self, listener: socket.socket, inode: int, tg: anyio.abc.TaskGroup) -> None:
-        try:
-            await self._accept(listener, tg)
-        finally:
-            listener.close()
-            remove_socket(self._socket_path, inode)
+    def move(self, socket_path: Path, token: str, *, listener: socket.socket | None = None) -> None:
+        """Serve at ``socket_path`` with ``token`` from now on, for a kernel started with them, and
+        stop listening where the server listened before.
+
+        Connections already open stay, but their requests carry the old token and are refused.
+        ``listener``, if given, is already bound there (see the constructor) and is owned by the
+        server from then on.
+
+        Raises:
+            UsageError: The server is not running, or the socket path is unusable.
+            OSError: The socket could not be bound.
+        """
+        tg = self._running_group("move()")
+        _check_token_strength(token)
+        listener = listener or bind_socket(socket_path)
+        old, self._listeners = self._listeners, []
+        self._socket_path, self._token = Path(socket_path), token.encode()
+        self._listen(listener, tg)
+        for scope in old:
+            scope.cancel()
+
+    def _running_group(self, what: str) -> anyio.abc.TaskGroup:
+        tg = self._sessions.task_group
+        if tg is None:
+            raise UsageError(f"{what} needs a running ToolServer ('await task_group.start(server.run)')")
+        return tg
+
+    def _listen(self, listener: socket.socket, tg: anyio.abc.TaskGroup) -> None:
+        """Accept connections on ``listener`` until `move` or the end of `run`; then close it and
+        remove its socket file."""
+        path, inode = self._socket_path, os.stat(self._socket_path).st_ino
+        scope = anyio.CancelScope()
+        self._listeners.append(scope)
+
+        async def serve() -> None:
+            try:
+                with scope:
+                    await self._accept(listener, tg)
+            finally:
+                listener.close()
+                remove_socket(path, inode)
+
+        tg.start_soon(serve)
 
     # -- connections -------------------------------------------------------------------------------
 
@@ -428,3 +466,8 @@ class ToolServer:
 
 def _error(seq: int | None, kind: ErrorKind, message: str) -> ToolErrorReply:
     return ToolErrorReply(seq=seq, error=kind, message=message)
+
+
+def _check_token_strength(token: str) -> None:
+    if len(token) < 16:
+        raise UsageError("the ToolServer token must be at least 16 characters; use secrets.token_urlsafe()")

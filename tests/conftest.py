@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox import CodeExecutor
+from ipybox import CodeExecutor, generate_mcp_sources
 
 pytest_plugins = ("servers.fixtures",)
 
@@ -33,3 +33,15 @@ def workspace(tmp_path: Path) -> Path:
     path = tmp_path / "workspace"
     path.mkdir()
     return path
+
+
+@pytest.fixture(scope="module")
+async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`mcptools/test/...` generated from the project's test MCP server (stdio)."""
+    # Imported here: at conftest import time the plugin is not registered yet, so pytest could not
+    # rewrite its asserts.
+    from servers.fixtures import stdio_server
+
+    root = tmp_path_factory.mktemp("tools") / "mcptools"
+    await generate_mcp_sources("test", stdio_server(), root)
+    return root

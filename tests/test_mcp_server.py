@@ -735,3 +735,61 @@ async def test_with_a_skills_dir_the_server_saves_and_lists_skills_that_later_se
             assert _text(again) == "8\n"
             assert "halver" not in _text(await _call(client, "list_skills"))
         await _assert_clean(tmp)
+
+
+_IN_CREATE = 0x100
+_IN_MOVED_TO = 0x80
+
+
+async def _wait_for_entry(directory: Path) -> Path:
+    """Wait, through inotify, until ``directory`` (made by someone else, if it is missing, in its
+    existing parent) holds an entry; return that entry."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    assert fd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert libc.inotify_add_watch(fd, os.fsencode(directory.parent), _IN_CREATE | _IN_MOVED_TO) >= 0
+        watched = False
+        with anyio.fail_after(START_TIMEOUT):
+            while True:
+                # Watch first, then look: an entry made in between is seen by the look.
+                if not watched and directory.is_dir():
+                    assert libc.inotify_add_watch(fd, os.fsencode(directory), _IN_CREATE | _IN_MOVED_TO) >= 0
+                    watched = True
+                if watched and (entries := sorted(directory.iterdir())):
+                    return entries[0]
+                await anyio.wait_readable(fd)
+                os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+async def test_with_a_pool_a_new_http_session_runs_in_a_kernel_started_before_it_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    params = stdio_server().model_dump(mode="json", exclude_none=True)
+    async with _http_ipybox(tmp_path, "--pool", "1", "--approval", "auto") as server:
+        # Each pooled kernel gets its own directory in sessions/ when it starts, before any session exists.
+        pooled = await _wait_for_entry(server.workspace / "sessions")
+        with anyio.fail_after(START_TIMEOUT * 2):
+            async with _http_client(server) as client:
+                cwd = await _call(client, "execute_ipython_cell", code="import os\nprint(os.getcwd())")
+                assert Path(_text(cwd).strip()) == pooled
+                # The tools directory came with the kernel too: generated modules import and call through the host.
+                registered = await _call(client, "register_mcp_server", server_name="test", server_params=params)
+                assert not registered.is_error, _text(registered)
+                added = await _call(
+                    client,
+                    "execute_ipython_cell",
+                    code="from mcptools.test import add\nadd.run({'a': 2, 'b': 3}).result",
+                )
+                assert _text(added) == "5\n"
+            await _wait_for_removal(pooled)
+    await _assert_clean(server.tmp)
+    assert [p.name for p in (server.workspace / "sessions").iterdir()] == []
+
+
+def test_a_pool_is_refused_over_stdio_where_there_is_one_session(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "ipybox", "mcp", "--workspace", str(tmp_path), "--pool", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT, cwd=REPO, check=False)
+    assert done.returncode == 2 and "over stdio there is one session: drop --pool" in done.stderr

@@ -11,7 +11,7 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
-import test_tools
+from approval_support import collect
 
 from ipybox import (
     CodeExecutor,
@@ -45,11 +45,6 @@ def run(name: str) -> str:
 
 def counter(value: int) -> str:
     return f"def run() -> int:\n    return {value}\n"
-
-
-# The test MCP server's generated tools, and running code while answering approvals: as test_tools does.
-tools_dir = test_tools.tools_dir
-collect = test_tools.collect
 
 
 @pytest.fixture(scope="module")

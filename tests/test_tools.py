@@ -13,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from approval_support import collect
 from servers.fixtures import stdio_server
 
 from ipybox import (
@@ -36,32 +37,6 @@ from ipybox._approval import Approval
 pytestmark = pytest.mark.anyio
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tools") / "mcptools"
-    await generate_mcp_sources("test", stdio_server(), root)
-    return root
-
-
-async def collect(
-    executor: CodeExecutor, code: str, decide: dict[str, bool] | None = None, *, reason: str = "no"
-) -> tuple[list[ApprovalRequest], CodeExecutionResult]:
-    """Run code, answering approval requests by tool name (default: accept)."""
-    requests: list[ApprovalRequest] = []
-    result: CodeExecutionResult | None = None
-    async for event in executor.execute(code):
-        if isinstance(event, ApprovalRequest):
-            requests.append(event)
-            if (decide or {}).get(event.tool_name, True):
-                await event.accept()
-            else:
-                await event.reject(reason)
-        elif isinstance(event, CodeExecutionResult):
-            result = event
-    assert result is not None
-    return requests, result
 
 
 @pytest.fixture(scope="module")

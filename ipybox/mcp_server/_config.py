@@ -86,6 +86,9 @@ class ServerConfig:
         network: Network egress for the kernels (`Network`); None: no network. Unlisted
             destinations asked (``unlisted="ask"``) are decided like tool calls, by the rules
             (``network:<host>:<port>`` globs in ``allow``/``deny``) and then the mode.
+        pool_size: Over HTTP, kernels kept started for new sessions (0: none), so that a new
+            session's first cell does not wait for its kernel to start. Each pooled kernel comes with
+            its own directory ``sessions/<random>`` and tools directory.
     """
 
     workspace: Path
@@ -106,6 +109,7 @@ class ServerConfig:
     idle_ttl: float = DEFAULT_IDLE_TTL
     skills_dir: Path | None = None
     network: Network | None = None
+    pool_size: int = 0
 
     def __post_init__(self) -> None:
         check_network(self.network, self.sandbox)
@@ -123,6 +127,15 @@ class ServerConfig:
         ):
             if size < 1:
                 raise UsageError(f"{name} must be at least 1, got {size!r}")
+        if self.pool_size < 0:
+            raise UsageError(f"pool_size must be a number of kernels (0 for no pool), got {self.pool_size!r}")
+        if self.pool_size and (self.network is not None or self.skills_dir is not None):
+            # A pooled kernel is started before its session, without the session's network proxy
+            # socket or skills mount; KernelPool does not make those yet.
+            raise UsageError(
+                "pool_size (--pool) cannot be combined with network (--allow-net/--ask-net) or skills_dir "
+                "(--skills-dir) yet; drop one of them"
+            )
 
 
 def _load_config_file(path: Path) -> dict[str, Any]:
@@ -222,6 +235,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="shut a session's kernel down after this many seconds without requests; the next request "
         f"starts a fresh one, keeping registered servers and files (default: {DEFAULT_IDLE_TTL:g})",
+    )
+    where.add_argument(
+        "--pool",
+        type=int,
+        default=0,
+        metavar="N",
+        help="HTTP: keep N sandboxed kernels started, so that a new session is ready at once (default: 0)",
     )
 
     kernel = parser.add_argument_group("kernel")
@@ -332,6 +352,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         extra["max_output_chars"] = args.max_output_chars
     if args.max_file_mb is not None:
         extra["max_file_bytes"] = int(args.max_file_mb * 1024**2)
+    if args.pool and args.transport != "http":
+        raise UsageError("--pool keeps kernels for new HTTP sessions; over stdio there is one session: drop --pool")
     ro_paths = tuple(p.expanduser().resolve() for p in args.ro_path)
     rw_paths = tuple(p.expanduser().resolve() for p in args.rw_path)
     return ServerConfig(
@@ -353,6 +375,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         network=Network(allow=args.allow_net, unlisted="ask" if args.ask_net else "deny")
         if args.allow_net or args.ask_net
         else None,
+        pool_size=args.pool,
         **extra,
     )
 

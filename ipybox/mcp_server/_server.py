@@ -58,7 +58,7 @@ from ipybox.codegen._stubs import render_tool_stubs
 from ipybox.skills._stubs import render_skill_stubs
 
 from ._config import ServerConfig
-from ._sessions import Session, Sessions, sessions_of
+from ._sessions import Session, Sessions, session_pool, sessions_of
 
 __all__ = ("build_server",)
 
@@ -132,10 +132,14 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
             subdirectory of the workspace.
     """
 
+    if config.pool_size and not shared:
+        raise UsageError("pool_size keeps kernels for new HTTP sessions; a server with one session has no use for it")
+
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncGenerator[Sessions]:
-        async with anyio.create_task_group() as tg:
-            sessions = Sessions(config, tg, shared=shared)
+        # Closed after the sessions: it shuts down the kernels they took from it.
+        async with session_pool(config) as pool, anyio.create_task_group() as tg:
+            sessions = Sessions(config, tg, shared=shared, pool=pool)
             try:
                 yield sessions
             finally:

@@ -14,7 +14,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import AsyncGenerator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, cast
@@ -32,12 +32,13 @@ from ipybox._events import wait_any
 from ipybox._exceptions import IpyboxError
 from ipybox._executor import CodeExecutor
 from ipybox._mcp import HttpServer, StdioServer
+from ipybox._pool import KernelPool
 from ipybox.codegen._codegen import generate_mcp_sources
 from ipybox.network._request import NetworkRequest
 
 from ._config import ServerConfig
 
-__all__ = ("Session", "Sessions", "sessions_of")
+__all__ = ("Session", "Sessions", "session_pool", "sessions_of")
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class Session:
     """The workspace is this session's own directory (``sessions/<id>`` of a server shared over HTTP),
     removed when the session ends."""
     executor: CodeExecutor | None = None
+    pool: KernelPool | None = None
+    """Where the session's first kernel comes from, with its own directories (see `_adopt_dirs`)."""
     servers: dict[str, StdioServer | HttpServer] = field(default_factory=dict[str, StdioServer | HttpServer])
     modules: dict[str, list[str]] = field(default_factory=dict[str, list[str]])
     """The generated tool modules of each registered server."""
@@ -135,7 +138,7 @@ class Session:
             with anyio.move_on_after(remaining):
                 await wait_any(self.closed, activity)
 
-    def _executor(self) -> CodeExecutor:
+    def _executor(self, pool: KernelPool | None = None) -> CodeExecutor:
         config = self.config
         # Servers listed in the tools directory's manifest are registered again on a restart.
         return CodeExecutor(
@@ -148,14 +151,26 @@ class Session:
             approval=self.approval_for(None, ""),
             skills_dir=config.skills_dir,
             network=config.network,
+            pool=pool,
         )
+
+    def _adopt_dirs(self, executor: CodeExecutor) -> None:
+        """Work in the directories of a kernel taken from the pool instead of the ones made for
+        this session (still empty: nothing ran in them)."""
+        if executor.workspace != self.workspace.resolve() and executor.tools_dir is not None:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+            if self.owns_workspace:
+                shutil.rmtree(self.workspace, ignore_errors=True)
+            self.workspace, self.state_dir = executor.workspace, executor.tools_dir.parent
+            self.owns_workspace = True
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         # Created before the kernel starts so they are mounted read-only and the manifest is hidden.
         (self.tools_dir / ".ipybox").mkdir(parents=True, exist_ok=True)
         self._touch()
         try:
-            async with self._executor() as executor:
+            async with self._executor(self.pool) as executor:
+                self._adopt_dirs(executor)
                 for name, params in self.config.servers.items():
                     try:
                         self.modules[name] = await generate_mcp_sources(name, params, self.tools_dir)
@@ -298,8 +313,11 @@ class Sessions:
     session or the session manager closes it (a client gone for ``idle_ttl`` seconds).
     """
 
-    def __init__(self, config: ServerConfig, tg: anyio.abc.TaskGroup, *, shared: bool) -> None:
+    def __init__(
+        self, config: ServerConfig, tg: anyio.abc.TaskGroup, *, shared: bool, pool: KernelPool | None = None
+    ) -> None:
         self.config = config
+        self._pool = pool
         self._tg = tg
         self._shared = shared
         self._only: Session | None = None
@@ -344,6 +362,7 @@ class Sessions:
             workspace=workspace,
             state_dir=Path(tempfile.mkdtemp(prefix="ipybox-mcp-")),
             owns_workspace=connection is not None,
+            pool=self._pool,
         )
         if connection is not None:
             connection.state[_STATE_KEY] = session
@@ -369,6 +388,28 @@ class Sessions:
             async with anyio.create_task_group() as tg:
                 for session in list(self.active):
                     tg.start_soon(self.close, session)
+
+
+def session_pool(config: ServerConfig) -> AbstractAsyncContextManager[KernelPool | None]:
+    """The pool new sessions take their first kernel from, if ``config`` asks for one.
+
+    Each of its kernels has its own workspace in ``sessions/`` and its own tools directory, as a
+    session over HTTP has.
+    """
+    if not config.pool_size:
+        return nullcontext()
+    sessions = config.workspace / "sessions"
+    sessions.mkdir(exist_ok=True)
+    return KernelPool(
+        config.pool_size,
+        workspace=sessions,
+        sandbox=config.sandbox,
+        env=config.env,
+        limits=config.limits,
+        tools_dir=_TOOLS_PACKAGE,
+        timeouts=config.timeouts,
+        separate_workspaces=True,
+    )
 
 
 def _connection(ctx: Context) -> Connection:

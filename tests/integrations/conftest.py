@@ -6,17 +6,8 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
-from servers.fixtures import stdio_server
 
-from ipybox import CodeExecutor, generate_mcp_sources
-
-
-@pytest.fixture(scope="module")
-async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`mcptools/test/...` generated from the project's test MCP server (stdio)."""
-    root = tmp_path_factory.mktemp("tools") / "mcptools"
-    await generate_mcp_sources("test", stdio_server(), root)
-    return root
+from ipybox import CodeExecutor
 
 
 @pytest.fixture(scope="module")
