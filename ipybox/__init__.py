@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._exceptions import ExecutionTimeout as ExecutionTimeout
     from ._exceptions import GenerationError as GenerationError
     from ._exceptions import IpyboxError as IpyboxError
+    from ._exceptions import KernelConnectionLost as KernelConnectionLost
     from ._exceptions import KernelDied as KernelDied
     from ._exceptions import KernelError as KernelError
     from ._exceptions import KernelStartError as KernelStartError
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ._exceptions import UsageError as UsageError
     from ._execution import Execution as Execution
     from ._executor import CodeExecutor as CodeExecutor
+    from ._gateway._config import GatewayKernel as GatewayKernel
     from ._mcp import HttpServer as HttpServer
     from ._mcp import StdioServer as StdioServer
     from ._packages import PackageInstallError as PackageInstallError
@@ -68,10 +70,12 @@ _LAZY = {
     "ExecutionError": "._exceptions",
     "ExecutionLost": "._exceptions",
     "ExecutionTimeout": "._exceptions",
+    "GatewayKernel": "._gateway._config",
     "GenerationError": "._exceptions",
     "HttpServer": "._mcp",
     "Image": "._results",
     "IpyboxError": "._exceptions",
+    "KernelConnectionLost": "._exceptions",
     "KernelDied": "._exceptions",
     "KernelError": "._exceptions",
     "KernelStartError": "._exceptions",
@@ -110,10 +114,12 @@ __all__ = (
     "ExecutionError",
     "ExecutionLost",
     "ExecutionTimeout",
+    "GatewayKernel",
     "GenerationError",
     "HttpServer",
     "Image",
     "IpyboxError",
+    "KernelConnectionLost",
     "KernelDied",
     "KernelError",
     "KernelStartError",

@@ -26,8 +26,11 @@ from ._exceptions import (
     UsageError,
 )
 from ._execution import Execution, ExecutionDriver, open_execution
+from ._gateway._config import GatewayKernel
+from ._gateway._executor import check_gateway, open_gateway_kernel, refuse_remote
 from ._kernel import (
     Kernel,
+    KernelHandle,
     default_python,
 )
 from ._kernelhome import IMPORT_ROOT, check_bytecode, hidden_paths, kernel_env, kernel_sandbox, restore_home
@@ -91,6 +94,11 @@ class CodeExecutor:
         approval: How tool calls from the kernel are approved: ``"ask"`` (each one becomes an
             `ApprovalRequest` event of the execution, answered by the application), ``"auto"``,
             `ApprovalRules`, or a callback that receives the `ApprovalRequest`.
+        kernel: Where the kernel runs: None for a local kernel (sandboxed as ``sandbox`` says), or a
+            `GatewayKernel` for one on Jupyter Kernel Gateway or Enterprise Gateway. A remote
+            kernel's sandbox is the gateway's (leave ``sandbox`` at ``"auto"``); ``workspace`` then
+            only receives the images of results, and `upload`, `download` and `install` are
+            refused (see the "Remote kernels" documentation).
     """
 
     def __init__(
@@ -103,6 +111,7 @@ class CodeExecutor:
         timeouts: Timeouts | None = None,
         tools_dir: Path | str | None = "mcptools",
         approval: Approval = "ask",
+        kernel: GatewayKernel | None = None,
     ) -> None:
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
@@ -116,7 +125,8 @@ class CodeExecutor:
         if limits is not None and not isinstance(limits, Limits):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"limits must be a Limits, got {limits!r}")
         check_approval(approval)
-        self.sandbox = resolve_sandbox(sandbox)
+        self.gateway = check_gateway(kernel, sandbox)
+        self.sandbox = resolve_sandbox(sandbox) if self.gateway is None else None
         # As given (made absolute, not resolved): every start checks it again for planted symlinks.
         self._tools_given = Path(os.path.join(os.getcwd(), tools_dir)) if tools_dir is not None else None
         self.tools_dir: Path | None = None
@@ -232,12 +242,21 @@ class CodeExecutor:
     def _mounted_tools_dir(self) -> Path | None:
         return self.tools_dir if self.tools_dir is not None and self.tools_dir.is_dir() else None
 
-    def _open_kernel(self, restarting: bool) -> AbstractAsyncContextManager[Kernel]:
+    def _open_kernel(self, restarting: bool) -> AbstractAsyncContextManager[KernelHandle]:
         """Prepare the host side and start a kernel (see `KernelOpener`)."""
         assert self._home is not None and self._tools is not None
         restore_home(self._home, self._tools)
         if restarting:
             self._recheck_tools_dir()
+        if self.gateway is not None:
+            return open_gateway_kernel(
+                self.gateway,
+                limits=self.limits,
+                start_timeout=self.timeouts.start,
+                tool_socket=self._tools.socket_path,
+                token=self._token,
+                tools_dir=self._mounted_tools_dir(),
+            )
         return Kernel.start(
             python=default_python(),
             env=kernel_env(
@@ -365,7 +384,7 @@ class CodeExecutor:
         if not driver.done:
             driver.fail(ExecutionCancelled("the execution was cancelled"))
 
-    async def _run(self, kernel: Kernel, driver: ExecutionDriver) -> None:
+    async def _run(self, kernel: KernelHandle, driver: ExecutionDriver) -> None:
         self._current, self._current_msg_id = driver, kernel.new_msg_id()
         try:
             await run_execution(
@@ -406,6 +425,7 @@ class CodeExecutor:
         """
         self._require_running()
         assert self._home is not None
+        refuse_remote(self.gateway, "install")
         return await install_package(package, self._home / "packages")
 
     async def _install_from_kernel(self, arguments: Mapping[str, object]) -> str:
@@ -442,6 +462,7 @@ class CodeExecutor:
         Returns:
             The path of the written file.
         """
+        refuse_remote(self.gateway, "upload")
         data = await anyio.Path(src).read_bytes()
         return await anyio.to_thread.run_sync(write_file, self.workspace, dst, data)
 
@@ -461,6 +482,7 @@ class CodeExecutor:
             UsageError: ``src`` is not a regular file in the workspace, or has more than
                 ``max_bytes``.
         """
+        refuse_remote(self.gateway, "download")
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"max_bytes must be a number of bytes (>= 0) or None, got {max_bytes!r}")
         fix = "pass a larger max_bytes to download() (None for no limit) if you do want all of it"
