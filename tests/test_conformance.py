@@ -170,6 +170,26 @@ async def test_tool_calls_from_threads_run_at_once_each_with_its_own_approval(ex
     assert result.text == "[1, 2, 3, 4]\n" and len(requests) == 4
 
 
+async def test_an_interrupt_while_a_call_waits_for_approval_cancels_it_and_the_next_call_works(
+    ex: CodeExecutor,
+) -> None:
+    code = (
+        "from mcptools.test import greet\n"
+        "try:\n"
+        "    greet.run(greet.Params(name='never'))\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')"
+    )
+    with anyio.fail_after(RECOVERY):
+        async for event in ex.execute(code):
+            if isinstance(event, ApprovalRequest):
+                ex.interrupt()  # left unanswered: the interrupt must end the wait
+            elif isinstance(event, CodeExecutionResult):
+                assert event.text == "interrupted\n"
+        _, result = await run(ex, "from mcptools.test import greet\nprint(greet.run(greet.Params(name='after')))")
+    assert result.text == "Hello, after!\n"
+
+
 async def test_a_kernel_that_dies_fails_its_execution_and_the_next_gets_a_fresh_kernel(ex: CodeExecutor) -> None:
     await ex.execute("before_death = 1")
     with anyio.fail_after(RECOVERY), pytest.raises(KernelDied):

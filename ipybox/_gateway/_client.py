@@ -317,13 +317,15 @@ class RemoteKernel:
                 not be opened, or the kernel was not ready (setup included) within ``start_timeout``.
         """
         async with httpx.AsyncClient(headers=config.http_headers(), timeout=config.request_timeout) as http:
-            kernel_id = await _create(http, config, start_timeout)
+            # One deadline for the whole start: the request, the websocket, readiness and setup.
+            deadline = anyio.current_time() + start_timeout
+            kernel_id = await _create(http, config, start_timeout, deadline)
             kernel = cls(config, kernel_id, http, limits)
             try:
                 ws_url = "ws" + config.base.removeprefix("http") + f"/api/kernels/{kernel_id}/channels"
                 failure: KernelStartError | None = None
                 try:
-                    with anyio.fail_after(start_timeout):
+                    with anyio.fail_at(deadline):
                         ws = await connect(
                             ws_url,
                             additional_headers=config.http_headers(),
@@ -338,7 +340,8 @@ class RemoteKernel:
                         f"HTTP {exc.response.status_code}" if isinstance(exc, InvalidStatus) else str(exc) or "timeout"
                     )
                     raise KernelStartError(
-                        f"the gateway's websocket for kernel {kernel_id} could not be opened: {detail}"
+                        f"the gateway's websocket for kernel {kernel_id} could not be opened: {detail} (a gateway "
+                        "that starts many kernels at once may need a longer Timeouts.start)"
                     ) from None
                 async with ws, anyio.create_task_group() as tg:
                     kernel._ws = ws
@@ -346,7 +349,7 @@ class RemoteKernel:
                     tg.start_soon(kernel._read, ws)
                     tg.start_soon(kernel._write, ws)
                     try:
-                        with anyio.fail_after(start_timeout):
+                        with anyio.fail_at(deadline):
                             await kernel._wait_ready()
                             for cell in setup:
                                 await kernel._run_setup(cell)
@@ -374,13 +377,13 @@ class RemoteKernel:
                     await kernel.delete()
 
 
-async def _create(http: httpx.AsyncClient, config: GatewayKernel, start_timeout: float) -> str:
+async def _create(http: httpx.AsyncClient, config: GatewayKernel, start_timeout: float, deadline: float) -> str:
     body: dict[str, Any] = {"name": config.kernel_name}
     if config.env:
         body["env"] = dict(config.env)
     where = f"the gateway at {config.base}"
     try:
-        with anyio.fail_after(start_timeout):
+        with anyio.fail_at(deadline):
             response = await http.post(f"{config.base}/api/kernels", json=body)
     except TimeoutError:
         raise KernelStartError(f"{where} did not start a kernel within {start_timeout:g} s") from None
