@@ -40,7 +40,7 @@ def median_ms(samples: list[float]) -> float:
 
 async def timed(ex: CodeExecutor, code: str, n: int) -> list[float]:
     await ex.execute(code)  # warm: the first call also starts the MCP server
-    samples = []
+    samples: list[float] = []
     for _ in range(n):
         start = time.perf_counter()
         await ex.execute(code)
@@ -130,6 +130,6 @@ async def main(quick: bool) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Kernels on Jupyter Kernel Gateway against local kernels")
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     anyio.run(main, parser.parse_args().quick)
