@@ -50,6 +50,8 @@ class PendingCall:
 
 
 _calls: dict[str, PendingCall] = {}
+# Requests sent again for want of an acknowledgement, over the kernel's life (for diagnosis).
+resent = 0
 _lock = threading.Lock()
 _kernel: Any = None
 # The largest request message the kernel may send (the output guard drops larger ones, and the host
@@ -111,6 +113,8 @@ def round_trip(server_name: str, tool_name: str, line: bytes, abort: Any) -> byt
         _send(kernel, content, parent)
         while not call.done.wait(_RESEND_AFTER):
             if not call.acked:
+                global resent
+                resent += 1
                 _send(kernel, content, parent)
         if call.reply is None:
             _send(kernel, {"comm_id": COMM_ID, "data": {"id": call_id, "cancel": True}}, parent)

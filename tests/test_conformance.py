@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 from servers.fixtures import stdio_server
-from servers.gateway import Gateway, relay
+from servers.gateway import Gateway, relay, run_gateway
 
 from ipybox import (
     ApprovalRequest,
@@ -249,6 +249,25 @@ async def test_a_message_over_the_hosts_limit_drops_the_connection_not_the_host(
         assert "too big" in str(info.value)
         with anyio.fail_after(RECOVERY):
             assert (await ex.execute("print('fresh')")).text == "fresh\n"
+
+
+async def test_a_tool_call_the_gateways_iopub_rate_limit_dropped_is_sent_again(workspace: Path) -> None:
+    # A burst of messages first: jupyter_server's stock limit (1000/s) then drops IOPub messages, the
+    # request too. A 1 s window (stock: 3 s) makes the limit lift sooner.
+    code = (
+        "for i in range(2500): print(i, flush=True)\n"
+        "from ipybox_kernel import call_tool\n"
+        "print(call_tool('test', 'greet', {'name': 'limited'}).text)\n"
+        "import ipybox_kernel._remote\n"
+        "print('resent', ipybox_kernel._remote.resent > 0)"
+    )
+    with run_gateway(rate_limit=True, options=("--ZMQChannelsWebsocketConnection.rate_limit_window=1",)) as limited:
+        kernel = GatewayKernel(limited.url, token=limited.token)
+        async with CodeExecutor(workspace=workspace, tools_dir=None, kernel=kernel, approval="auto") as ex:
+            ex.register_mcp_server("test", stdio_server())
+            with anyio.fail_after(RECOVERY):
+                result = await ex.execute(code)
+    assert result.text.endswith("Hello, limited!\nresent True\n")
 
 
 async def test_a_remote_kernel_imports_ipybox_kernel_and_the_tools_from_the_pushed_sources(ex: CodeExecutor) -> None:

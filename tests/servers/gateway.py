@@ -53,11 +53,11 @@ def _free_port() -> int:
 
 
 @contextmanager
-def run_gateway(*, rate_limit: bool = False) -> Generator[Gateway]:
+def run_gateway(*, rate_limit: bool = False, options: tuple[str, ...] = ()) -> Generator[Gateway]:
     """Run ``jupyter kernelgateway`` with a token and kernel listing on; kill it (and its kernels) after.
 
     ``rate_limit=False`` turns off jupyter_server's IOPub rate limit, as docs/remote.md asks
-    operators to do.
+    operators to do; ``options`` are more command-line options.
     """
     token = secrets.token_urlsafe(24)
     port = _free_port()
@@ -71,6 +71,7 @@ def run_gateway(*, rate_limit: bool = False) -> Generator[Gateway]:
     ]
     if not rate_limit:
         args.append("--ZMQChannelsWebsocketConnection.limit_rate=False")
+    args += options
     with tempfile.TemporaryDirectory(prefix="ipybox-gateway-") as cwd:
         log = Path(cwd) / "gateway.log"
         with log.open("wb") as out:
