@@ -25,6 +25,7 @@ from typing import cast
 import anyio
 
 from ipybox import CodeExecutor, IpyboxError, StdioServer
+from ipybox._kernel import Kernel
 
 __all__ = ("main",)
 
@@ -205,6 +206,7 @@ async def soak(executions: int) -> None:
         async with CodeExecutor(workspace=tmp, tools_dir=None, approval="auto") as ex:
             ex.register_mcp_server("test", test_server())
             kernel = ex._kernels.kernel  # sampled for its RSS
+            assert isinstance(kernel, Kernel)
             assert kernel is not None
             print(f"{'done':>7} {'host RSS MiB':>13} {'host fds':>9} {'kernel RSS MiB':>15} {'exec/s':>7}")
             first: tuple[int, int, int] | None = None
@@ -247,6 +249,7 @@ async def churn(cycles: int) -> None:
                 ex.register_mcp_server("test", test_server())
                 # The executor's own dir and its kernel's run dir; both must be gone after the stop.
                 home, kernel = ex._home, ex._kernels.kernel
+                assert kernel is None or isinstance(kernel, Kernel)
                 dirs += [p for p in (home, kernel.run_dir if kernel else None) if p is not None]
                 # Every fourth executor also starts its MCP server, so server processes are counted too.
                 if i % 4 == 0:

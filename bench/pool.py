@@ -28,6 +28,7 @@ import anyio
 from benchlib import summarize
 
 from ipybox import CodeExecutor, KernelPool
+from ipybox._kernel import Kernel
 
 # Refilling the pool between rounds: two sandboxed starts on a loaded 2-core machine.
 FILL_TIMEOUT = 60.0
@@ -42,7 +43,7 @@ async def _round(executor: CodeExecutor) -> tuple[float, float, int]:
         first = time.perf_counter() - started
         assert result.text.strip() == "2", result.text
         kernel = executor._kernels.kernel
-        assert kernel is not None
+        assert isinstance(kernel, Kernel)
         return ready, first, kernel.pid
 
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._exceptions import GenerationError as GenerationError
     from ._exceptions import InvalidSkill as InvalidSkill
     from ._exceptions import IpyboxError as IpyboxError
+    from ._exceptions import KernelConnectionLost as KernelConnectionLost
     from ._exceptions import KernelDied as KernelDied
     from ._exceptions import KernelError as KernelError
     from ._exceptions import KernelStartError as KernelStartError
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from ._exceptions import UsageError as UsageError
     from ._execution import Execution as Execution
     from ._executor import CodeExecutor as CodeExecutor
+    from ._gateway._config import GatewayKernel as GatewayKernel
     from ._mcp import HttpServer as HttpServer
     from ._mcp import StdioServer as StdioServer
     from ._packages import PackageInstallError as PackageInstallError
@@ -77,11 +79,13 @@ _LAZY = {
     "ExecutionError": "._exceptions",
     "ExecutionLost": "._exceptions",
     "ExecutionTimeout": "._exceptions",
+    "GatewayKernel": "._gateway._config",
     "GenerationError": "._exceptions",
     "HttpServer": "._mcp",
     "Image": "._results",
     "InvalidSkill": "._exceptions",
     "IpyboxError": "._exceptions",
+    "KernelConnectionLost": "._exceptions",
     "KernelDied": "._exceptions",
     "KernelError": "._exceptions",
     "KernelPool": "._pool",
@@ -128,11 +132,13 @@ __all__ = (
     "ExecutionError",
     "ExecutionLost",
     "ExecutionTimeout",
+    "GatewayKernel",
     "GenerationError",
     "HttpServer",
     "Image",
     "InvalidSkill",
     "IpyboxError",
+    "KernelConnectionLost",
     "KernelDied",
     "KernelError",
     "KernelPool",

@@ -205,3 +205,24 @@ class GenerationError(IpyboxError):
         self.server_name = server_name
         self.exit_status = exit_status
         self.stderr = stderr
+
+
+class KernelConnectionLost(KernelDied):
+    """The connection to a remote kernel (on a gateway) ended while it was running code.
+
+    The executor deletes that kernel and starts a fresh one for the next execution; the state of
+    the old one is lost.
+
+    Attributes:
+        url: The gateway's URL.
+        kernel_id: The gateway's id of the lost kernel.
+    """
+
+    def __init__(self, url: str, kernel_id: str, reason: str) -> None:
+        super().__init__(None, reason=reason)
+        self.args = (
+            f"the connection to kernel {kernel_id} on the gateway {url} was lost ({reason}); its state is lost "
+            "and the next execution starts a fresh kernel",
+        )
+        self.url = url
+        self.kernel_id = kernel_id

@@ -25,7 +25,9 @@ from ._exceptions import (
     UsageError,
 )
 from ._execution import Execution, ExecutionDriver, open_execution
-from ._kernel import Kernel
+from ._gateway._config import GatewayKernel
+from ._gateway._executor import check_gateway, open_gateway_kernel, refuse_remote
+from ._kernel import KernelHandle
 from ._kernelhome import check_bytecode, link_tools_dir, new_home, resolve_tools_dir, restore_home
 from ._kernelspec import KernelSpec, start_kernel
 from ._keyed import KeyedExecutions
@@ -116,6 +118,11 @@ class CodeExecutor:
             equal this executor's; otherwise the executor starts its own (and logs why, once). From
             a pool with ``separate_workspaces``, the executor works in the kernel's own workspace and
             tools directory, not in ``workspace`` and ``tools_dir``.
+        kernel: Where the kernel runs: None for a local kernel (sandboxed as ``sandbox`` says), or a
+            `GatewayKernel` for one on Jupyter Kernel Gateway or Enterprise Gateway. A remote
+            kernel's sandbox is the gateway's (leave ``sandbox`` at ``"auto"``); ``workspace`` then
+            only receives the images of results, and `upload`, `download` and `install` are
+            refused (see the "Remote kernels" documentation).
     """
 
     def __init__(
@@ -131,6 +138,7 @@ class CodeExecutor:
         skills_dir: Path | str | None = None,
         network: Network | None = None,
         pool: KernelPool | None = None,
+        kernel: GatewayKernel | None = None,
     ) -> None:
         self.workspace = Path(workspace).resolve()
         if not self.workspace.is_dir():
@@ -142,7 +150,11 @@ class CodeExecutor:
         self._pool = pool
         # The pooled kernel taken at the start, until the supervisor runs it.
         self._lease: Lease | None = None
-        self.sandbox = resolve_sandbox(sandbox)
+        self.gateway = check_gateway(kernel, sandbox)
+        self.sandbox = resolve_sandbox(sandbox) if self.gateway is None else None
+        if self.gateway is not None and (pool is not None or skills_dir is not None):
+            # A remote kernel is started by the gateway and cannot mount the host's skills directory.
+            raise UsageError("a GatewayKernel cannot be combined with pool or skills_dir; drop them")
         self.network = check_network(network, self.sandbox)
         self._proxy: NetworkProxy | None = None
         # As given (made absolute, not resolved): every start checks it again for planted symlinks.
@@ -308,7 +320,7 @@ class CodeExecutor:
         )
 
     @asynccontextmanager
-    async def _open_kernel(self, restarting: bool) -> AsyncGenerator[Kernel]:
+    async def _open_kernel(self, restarting: bool) -> AsyncGenerator[KernelHandle]:
         """Prepare the host side and start a kernel, or take one from the pool (see `KernelOpener`)."""
         assert self._home is not None and self._tools is not None
         lease, self._lease = self._lease, None
@@ -323,6 +335,18 @@ class CodeExecutor:
         if lease is not None:
             async with lease.use() as kernel:
                 yield kernel
+            return
+        if self.gateway is not None:
+            tools = self.tools_dir if self.tools_dir is not None and self.tools_dir.is_dir() else None
+            async with open_gateway_kernel(
+                self.gateway,
+                limits=self.limits,
+                start_timeout=self.timeouts.start,
+                tool_socket=self._tools.socket_path,
+                token=self._token,
+                tools_dir=tools,
+            ) as remote:
+                yield remote
             return
         if self._proxy is not None:
             self._proxy.rebind()
@@ -481,7 +505,7 @@ class CodeExecutor:
         if not driver.done:
             driver.fail(ExecutionCancelled("the execution was cancelled"))
 
-    async def _run(self, kernel: Kernel, driver: ExecutionDriver) -> None:
+    async def _run(self, kernel: KernelHandle, driver: ExecutionDriver) -> None:
         self._current, self._current_msg_id = driver, kernel.new_msg_id()
         try:
             await run_execution(
@@ -524,6 +548,7 @@ class CodeExecutor:
         """
         self._require_running()
         assert self._home is not None
+        refuse_remote(self.gateway, "install")
         return await install_package(package, self._home / "packages")
 
     async def _install_from_kernel(self, arguments: Mapping[str, object]) -> str:
@@ -618,6 +643,7 @@ class CodeExecutor:
         Returns:
             The path of the written file.
         """
+        refuse_remote(self.gateway, "upload")
         data = await anyio.Path(src).read_bytes()
         return await anyio.to_thread.run_sync(write_file, self.workspace, dst, data)
 
@@ -637,6 +663,7 @@ class CodeExecutor:
             UsageError: ``src`` is not a regular file in the workspace, or has more than
                 ``max_bytes``.
         """
+        refuse_remote(self.gateway, "download")
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"max_bytes must be a number of bytes (>= 0) or None, got {max_bytes!r}")
         fix = "pass a larger max_bytes to download() (None for no limit) if you do want all of it"

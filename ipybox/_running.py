@@ -9,14 +9,14 @@ import anyio
 
 from ._exceptions import CodeExecutionError, ExecutionCancelled, ExecutionTimeout, IpyboxError, KernelDied
 from ._execution import Execution, ExecutionDriver
-from ._kernel import Kernel
+from ._kernel import KernelHandle
 from ._output import OutputCollector, clean_traceback
 
 __all__ = ("run_execution",)
 
 
 async def run_execution(
-    kernel: Kernel,
+    kernel: KernelHandle,
     driver: ExecutionDriver,
     msg_id: str,
     *,

@@ -10,11 +10,11 @@ import anyio.abc
 
 from ._events import wait_any
 from ._exceptions import KernelStartError
-from ._kernel import Kernel
+from ._kernel import KernelHandle
 
 __all__ = ("KernelOpener", "KernelSupervisor")
 
-KernelOpener = Callable[[bool], AbstractAsyncContextManager[Kernel]]
+KernelOpener = Callable[[bool], AbstractAsyncContextManager[KernelHandle]]
 """Prepares and starts a kernel; the flag says whether it replaces one. Raises KernelStartError."""
 
 
@@ -30,7 +30,7 @@ class KernelSupervisor:
 
     def __init__(self, open_kernel: KernelOpener) -> None:
         self._open = open_kernel
-        self.kernel: Kernel | None = None
+        self.kernel: KernelHandle | None = None
         """The running kernel, if there is one now."""
         self._changed = anyio.Event()
         self._restart = anyio.Event()
@@ -64,7 +64,7 @@ class KernelSupervisor:
             finally:
                 self._set(None)
 
-    async def get(self) -> Kernel:
+    async def get(self) -> KernelHandle:
         """The running kernel, waiting for a replacement if it has died or is being restarted.
 
         Raises:
@@ -102,7 +102,7 @@ class KernelSupervisor:
         self._start_error_reported = False
         self._wake()
 
-    def _set(self, kernel: Kernel | None) -> None:
+    def _set(self, kernel: KernelHandle | None) -> None:
         if kernel is self.kernel:
             return
         self.kernel = kernel

@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +40,8 @@ SOCKET_ENV = "IPYBOX_TOOL_SOCKET"
 TOKEN_ENV = "IPYBOX_TOOL_TOKEN"
 # The running cell's id, for a subprocess (it has no IPython to ask); set by ipybox_kernel._context.
 EXECUTION_ENV = "IPYBOX_EXECUTION"
+# Set to "kernel" in a kernel on a remote gateway: calls travel over the kernel protocol instead.
+TRANSPORT_ENV = "IPYBOX_TOOL_TRANSPORT"
 
 # The host refuses longer request lines (ipybox._channel.MAX_LINE_BYTES); fail before sending.
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
@@ -238,15 +240,21 @@ class _Connection:
         self.sock.close()
 
 
+class _Abortable(Protocol):
+    """What a call is carried on: a socket connection, or a remote call (ipybox_kernel._remote)."""
+
+    def abort(self) -> None: ...
+
+
 class _Abort:
     """Lets an awaiting task cancel a call that a worker thread is carrying."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._connection: _Connection | None = None
+        self._connection: _Abortable | None = None
         self.aborted = False
 
-    def attach(self, connection: _Connection) -> bool:
+    def attach(self, connection: _Abortable) -> bool:
         with self._lock:
             self._connection = connection
             return not self.aborted
@@ -317,7 +325,8 @@ def _round_trip(
 ) -> ToolOutput:
     path = os.environ.get(SOCKET_ENV)
     token = os.environ.get(TOKEN_ENV)
-    if not path or not token:
+    remote = os.environ.get(TRANSPORT_ENV) == "kernel"
+    if not (path or remote) or not token:
         raise ToolServerUnavailable(
             server_name,
             tool_name,
@@ -350,6 +359,9 @@ def _round_trip(
             f"the arguments for tool {tool_name!r} are {len(line)} bytes as JSON; the limit is "
             f"{MAX_REQUEST_BYTES} bytes (pass large data as a file in the workspace)",
         )
+    if remote:
+        return _remote_round_trip(server_name, tool_name, line, abort)
+    assert path is not None
     try:
         connection = _checkout(path)
     except OSError as exc:
@@ -383,6 +395,21 @@ def _round_trip(
             tool_name,
             f"the tool server closed the connection during the call to tool {tool_name!r}{detail}",
         )
+    return _parse_reply(server_name, tool_name, reply_line)
+
+
+def _remote_round_trip(server_name: str, tool_name: str, line: bytes, abort: _Abort | None) -> ToolOutput:
+    """The call over the kernel protocol, for a kernel on a remote gateway (see ipybox_kernel._remote)."""
+    from ._remote import round_trip
+
+    try:
+        reply_line = round_trip(server_name, tool_name, line, abort)
+    except ValueError as exc:
+        raise ToolCallError(server_name, tool_name, str(exc)) from None
+    except RuntimeError as exc:
+        raise ToolServerUnavailable(server_name, tool_name, str(exc)) from None
+    if reply_line is None:
+        raise ToolCallError(server_name, tool_name, f"the call to tool {tool_name!r} was cancelled")
     return _parse_reply(server_name, tool_name, reply_line)
 
 

@@ -269,20 +269,32 @@ def _initialize(app: Any, rest: list[str], output: int | None, message_bytes: in
             "--IPythonKernel._execute_sleep=0",
         ]
     )
-    from ._context import announce_execution, carry_execution_context
     from ._stream import FdDrain  # imports ipykernel: only once main() has kept debugpy out
 
     app.shell.register_magic_function(_pip_magic, "line", "pip")
+    prepare(app.shell, app.kernel, app.session, output, message_bytes, drain=FdDrain(sys.stdout, sys.stderr))
+
+
+def prepare(
+    shell: Any, kernel: Any, session: Any, output: int | None, message_bytes: int | None, *, drain: Any
+) -> None:
+    """Hook ipybox's per-execution guards into a kernel: local ones at launch, remote ones by a cell.
+
+    ``drain`` runs after each execution, before the output guard reports (None: nothing to drain).
+    """
+    from ._context import announce_execution, carry_execution_context
+
     # Threads keep the cell that started them, so their output and tool calls are not taken for
     # those of the cell that runs when they print or call.
-    carry_execution_context(app.kernel)
-    app.shell.events.register("pre_execute", lambda: announce_execution(app.kernel))
-    # Before the output guard's report, which counts what the execution printed.
-    app.shell.events.register("post_execute", FdDrain(sys.stdout, sys.stderr))
+    carry_execution_context(kernel)
+    shell.events.register("pre_execute", lambda: announce_execution(kernel))
+    if drain is not None:
+        # Before the output guard's report, which counts what the execution printed.
+        shell.events.register("post_execute", drain)
     if output is not None:
-        guard = _OutputGuard(app.session, output, message_bytes)
-        app.shell.events.register("pre_execute", guard.reset)
-        app.shell.events.register("post_execute", guard.report)
+        guard = _OutputGuard(session, output, message_bytes)
+        shell.events.register("pre_execute", guard.reset)
+        shell.events.register("post_execute", guard.report)
 
 
 if __name__ == "__main__":

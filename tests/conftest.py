@@ -7,7 +7,7 @@ import pytest
 
 from ipybox import CodeExecutor, generate_mcp_sources
 
-pytest_plugins = ("servers.fixtures",)
+pytest_plugins = ("servers.fixtures", "servers.gateway")
 
 
 @pytest.fixture(scope="session")

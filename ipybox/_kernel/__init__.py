@@ -6,11 +6,13 @@
   kernel sends before holding it.
 - `._messages`: checking, budgeting and parsing the Jupyter messages into typed events.
 - `._process`: the kernel's interpreter, and finding its process inside the sandbox.
+- `._handle`: `KernelHandle`, what the executor needs of any kernel (local, or on a gateway).
 """
 
 from __future__ import annotations
 
 from ._client import SANDBOX_SOCKET_DIR, Kernel
+from ._handle import KernelHandle
 from ._messages import Display, Dropped, Error, KernelEvent, Reply, Stream, message_limit, strip_ansi
 from ._process import bytecode_missing, default_python
 
@@ -21,6 +23,7 @@ __all__ = (
     "Error",
     "Kernel",
     "KernelEvent",
+    "KernelHandle",
     "Reply",
     "Stream",
     "bytecode_missing",

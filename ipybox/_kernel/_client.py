@@ -41,7 +41,7 @@ from ipybox._tooldir import open_tools_dir
 from ipybox.sandbox._cgroup import PidsCgroup
 from ipybox.sandbox._sandbox import bwrap_argv, sandbox_filter_fd
 
-from ._messages import Dropped, Inbox, KernelEvent, Reply, decode, message_limit, parse
+from ._messages import Inbox, KernelEvent, decode, execution_events, message_limit
 from ._process import StderrTail, close_fd, launcher_argv, sandboxed_kernel_pid, wait_for_exit
 from ._zmtp import Channel, FrameLimits, ProtocolViolation
 
@@ -301,22 +301,11 @@ class Kernel:
             },
             msg_id=msg_id,
         )
-        replied = idle = False
         async with self._request(msg, "shell") as inbox:
-            async for raw in inbox:
-                if raw["header"]["msg_type"] == "status":
-                    idle = raw["content"].get("execution_state") == "idle"
-                else:
-                    event = parse(raw)
-                    if event is not None:
-                        replied = replied or isinstance(event, Reply)
-                        yield event
-                # Output can still arrive on iopub after execute_reply; idle is the end of it.
-                if replied and idle:
-                    if inbox.dropped:
-                        yield Dropped(inbox.dropped)
-                    return
-        raise KernelDied(self.exit_code, reason=self.stop_reason)
+            async for event in execution_events(inbox):
+                yield event
+            if not inbox.ended:
+                raise KernelDied(self.exit_code, reason=self.stop_reason)
 
     @asynccontextmanager
     async def _request(self, msg: dict[str, Any], channel: Literal["shell", "control"]) -> AsyncGenerator[Inbox]:

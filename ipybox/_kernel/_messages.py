@@ -11,13 +11,15 @@ import hmac
 import json
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import anyio
 
 __all__ = (
+    "OUTPUT_TYPES",
+    "READ_TYPES",
     "Display",
     "Dropped",
     "Error",
@@ -26,6 +28,7 @@ __all__ = (
     "Reply",
     "Stream",
     "decode",
+    "execution_events",
     "message_limit",
     "parse",
     "strip_ansi",
@@ -43,9 +46,9 @@ _MESSAGE_OVERHEAD = 256 * 1024
 # Header and parent header are a few hundred bytes; larger ones are not parsed.
 _MAX_HEADER_BYTES = 64 * 1024
 # Output messages: counted against the execution's byte budget, and dropped beyond it.
-_OUTPUT_TYPES = frozenset({"stream", "display_data", "execute_result"})
+OUTPUT_TYPES = frozenset({"stream", "display_data", "execute_result"})
 # Everything the host reads; other messages (execute_input, comms, ...) are dropped unparsed.
-_READ_TYPES = _OUTPUT_TYPES | {"error", "execute_reply", "status", "kernel_info_reply"}
+READ_TYPES = OUTPUT_TYPES | {"error", "execute_reply", "status", "kernel_info_reply"}
 # Separates ZMQ routing identities from the signed parts of a Jupyter message.
 _DELIMITER = b"<IDS|MSG>"
 
@@ -116,6 +119,8 @@ class Inbox:
         self._wakeup: anyio.Event | None = None
         self.budget = budget
         self.dropped = 0
+        self.ended = False
+        """Set by `execution_events` once the execution's end has arrived."""
 
     def _notify(self) -> None:
         if self._wakeup is not None:
@@ -155,6 +160,29 @@ class Inbox:
         self._bytes -= size
         self._notify()
         return msg
+
+
+async def execution_events(inbox: Inbox) -> AsyncGenerator[KernelEvent]:
+    """The events of one execute request's messages, until the kernel is idle again.
+
+    Sets ``inbox.ended`` once the execution has ended; returning without it means the inbox was
+    closed first (the kernel, or the connection to it, is gone).
+    """
+    replied = idle = False
+    async for raw in inbox:
+        if raw["header"]["msg_type"] == "status":
+            idle = raw["content"].get("execution_state") == "idle"
+        else:
+            event = parse(raw)
+            if event is not None:
+                replied = replied or isinstance(event, Reply)
+                yield event
+        # Output can still arrive on iopub after execute_reply; idle is the end of it.
+        if replied and idle:
+            if inbox.dropped:
+                yield Dropped(inbox.dropped)
+            inbox.ended = True
+            return
 
 
 def strip_ansi(text: str) -> str:
@@ -215,10 +243,10 @@ def decode(
         return None
     inbox = waiters.get(cast("dict[str, object]", parent_header).get("msg_id"))  # pyright: ignore[reportArgumentType]
     kind = cast("dict[str, object]", header_fields).get("msg_type")
-    if inbox is None or kind not in _READ_TYPES:
+    if inbox is None or kind not in READ_TYPES:
         return None
     size = sum(map(len, frames))
-    output = kind in _OUTPUT_TYPES
+    output = kind in OUTPUT_TYPES
     if output and size > inbox.budget:
         inbox.dropped += len(content)
         return None

@@ -50,7 +50,7 @@ async def run(
 
 def kernel_of(executor: CodeExecutor) -> Kernel:
     kernel = executor._kernels.kernel
-    assert kernel is not None
+    assert isinstance(kernel, Kernel)
     return kernel
 
 

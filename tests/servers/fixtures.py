@@ -38,6 +38,7 @@ __all__ = (
     "server_params",
     "sse_server",
     "stdio_server",
+    "stop_process",
     "streamable_http_server",
     "tool_channel",
     "wait_for_exit",
@@ -80,15 +81,20 @@ def http_server(transport: Literal["streamable-http", "sse"]) -> Generator[HttpS
     try:
         yield HttpServer(type=transport, url=_wait_ready(process))
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(STOP_GRACE)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
         assert process.stdout is not None
         process.stdout.close()
+
+
+def stop_process(process: subprocess.Popen[bytes], grace: float = STOP_GRACE) -> None:
+    """Terminate a server process, and kill it if it is still running after ``grace`` seconds."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _wait_ready(process: subprocess.Popen[bytes]) -> str:

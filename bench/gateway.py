@@ -1,0 +1,135 @@
+"""Kernels on Jupyter Kernel Gateway against local kernels (issue #18).
+
+Starts its own ``jupyter kernelgateway`` on 127.0.0.1 (kernel listing on, IOPub rate limit off, as
+docs/remote.md asks of operators), then measures:
+
+1. ``1+1`` and one approved tool call (the test server's ``greet``), local vs gateway: medians and ratios;
+2. 20 executors at once through the one gateway: wall time to start them all and run ``1+1`` in each;
+3. 1,000 executions through the gateway, and 100 executor start/stop cycles: the host's RSS and the
+   gateway's kernel count before and after (no leak: the count returns to what it was).
+
+    uv run --frozen python bench/gateway.py            # the issue's sizes, ~10 minutes on 2 cores
+    uv run --frozen python bench/gateway.py --quick    # smaller sizes, ~2 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from load import rss_kib, test_server
+from servers.gateway import Gateway, run_gateway
+
+from ipybox import CodeExecutor, GatewayKernel, Timeouts
+
+GREET = "from ipybox_kernel import call_tool\ncall_tool('test', 'greet', {'name': 'bench'})"
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1000
+
+
+async def timed(ex: CodeExecutor, code: str, n: int) -> list[float]:
+    await ex.execute(code)  # warm: the first call also starts the MCP server
+    samples: list[float] = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await ex.execute(code)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def kernel(gw: Gateway) -> GatewayKernel:
+    return GatewayKernel(gw.url, token=gw.token)
+
+
+async def latency(gw: Gateway, workspace: Path, n: int) -> None:
+    rows: dict[str, dict[str, float]] = {}
+    for name, remote in (("local", None), ("gateway", kernel(gw))):
+        async with CodeExecutor(workspace=workspace, tools_dir=None, approval="auto", kernel=remote) as ex:
+            ex.register_mcp_server("test", test_server())
+            start = time.perf_counter()
+            plain = median_ms(await timed(ex, "1+1", n))
+            rows[name] = {"1+1": plain, "tool call": median_ms(await timed(ex, GREET, n))}
+            print(f"  {name}: measured in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    print(f"\n| median of {n} | local | gateway | gateway / local |\n| --- | --- | --- | --- |")
+    for what in ("1+1", "tool call"):
+        local, remote_ms = rows["local"][what], rows["gateway"][what]
+        print(f"| `{what}` | {local:.1f} ms | {remote_ms:.1f} ms | {remote_ms / local:.1f}x |")
+
+
+async def concurrent(gw: Gateway, workspace: Path, executors: int) -> None:
+    ready: list[float] = []
+    runs: list[float] = []
+    start = time.perf_counter()
+
+    async def one() -> None:
+        # Twenty kernels starting at once on two cores take far longer than one.
+        timeouts = Timeouts(start=600)
+        async with CodeExecutor(workspace=workspace, tools_dir=None, kernel=kernel(gw), timeouts=timeouts) as ex:
+            ready.append(time.perf_counter() - start)
+            began = time.perf_counter()
+            assert (await ex.execute("print(1+1)")).text == "2\n"
+            runs.append(time.perf_counter() - began)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(executors):
+            tg.start_soon(one)
+    wall = time.perf_counter() - start
+    print(
+        f"\n{executors} executors at once through one gateway: all started and ran `1+1` in {wall:.1f} s; "
+        f"start median {statistics.median(ready):.2f} s (max {max(ready):.2f} s), "
+        f"`1+1` median {median_ms(runs):.1f} ms (max {max(runs) * 1000:.1f} ms)"
+    )
+
+
+async def soak(gw: Gateway, workspace: Path, executions: int, cycles: int) -> None:
+    kernels_before, rss_before = len(gw.kernel_ids()), rss_kib(os.getpid())
+    async with CodeExecutor(workspace=workspace, tools_dir=None, kernel=kernel(gw)) as ex:
+        await ex.execute("1+1")
+        rss_warm = rss_kib(os.getpid())
+        start = time.perf_counter()
+        for i in range(executions):
+            await ex.execute(f"x = {i}; x + 1")
+        took = time.perf_counter() - start
+        rss_after = rss_kib(os.getpid())
+    print(
+        f"\n{executions} executions through the gateway in {took:.1f} s ({took / executions * 1000:.1f} ms each): "
+        f"host RSS {rss_warm / 1024:.1f} MiB after the first, {rss_after / 1024:.1f} MiB after the last"
+    )
+    rss_cycles = rss_kib(os.getpid())
+    start = time.perf_counter()
+    for _ in range(cycles):
+        async with CodeExecutor(workspace=workspace, tools_dir=None, kernel=kernel(gw)) as ex:
+            await ex.execute("1+1")
+    took = time.perf_counter() - start
+    print(
+        f"{cycles} start/run/stop cycles in {took:.1f} s ({took / cycles:.2f} s each): host RSS "
+        f"{rss_cycles / 1024:.1f} -> {rss_kib(os.getpid()) / 1024:.1f} MiB; gateway kernels "
+        f"{kernels_before} before, {len(gw.kernel_ids())} after (host RSS at the very start "
+        f"{rss_before / 1024:.1f} MiB)"
+    )
+
+
+async def main(quick: bool) -> None:
+    n, executors, executions, cycles = (20, 5, 100, 10) if quick else (50, 20, 1000, 100)
+    with run_gateway() as gw, tempfile.TemporaryDirectory() as tmp:
+        workspace = Path(tmp)
+        await latency(gw, workspace, n)
+        await concurrent(gw, workspace, executors)
+        await soak(gw, workspace, executions, cycles)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Kernels on Jupyter Kernel Gateway against local kernels")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes")
+    anyio.run(main, parser.parse_args().quick)

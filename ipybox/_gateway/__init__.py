@@ -1,0 +1,8 @@
+"""Kernels on a Jupyter Kernel Gateway or Enterprise Gateway, driven through its REST API and websocket.
+
+- `._config`: `GatewayKernel`, the public configuration (no third-party imports).
+- `._client`: `RemoteKernel`, a running remote kernel behind the same `KernelHandle` as a
+  local one (needs the ``gateway`` extra: ``httpx`` and ``websockets``).
+- `._bridge`: `ToolBridge`, which carries the remote kernel's tool calls to the host's ToolServer.
+- `._push`: the cells that make ``ipybox_kernel`` and the generated tool modules importable there.
+"""

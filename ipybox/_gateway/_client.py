@@ -1,0 +1,407 @@
+"""A kernel on a Jupyter Kernel Gateway or Enterprise Gateway, behind the executor's `KernelHandle`.
+
+Started with ``POST /api/kernels``, driven over ``/api/kernels/{id}/channels`` (one websocket that
+carries shell, iopub and control messages as JSON with a ``channel`` field), deleted with ``DELETE``
+when the executor stops or replaces it: a kernel is never left running on the gateway by a client
+that ended normally (the gateway's culling covers clients that crashed).
+
+Everything that arrives on the websocket is attacker-controlled (kernel code can publish any
+message), and is held to the same bounds as a local kernel's (`ipybox._kernel._messages`): the
+websocket refuses a message larger than `message_limit` (the connection ends and the kernel is
+treated as lost, as a local kernel that breaks its channel is killed), a large message's JSON is
+checked for its number of values before it is parsed, only the message kinds the host reads are
+kept, output beyond an execution's budget is dropped, and each request's queue is bounded.
+
+A lost websocket (network, gateway restart, the kernel's pod deleted) ends the kernel for the
+executor: the running execution fails with `KernelConnectionLost`, the remote kernel is deleted, and
+the next execution gets a fresh one. Keep-alive pings notice a silent peer within a minute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import socket
+import uuid
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from ipybox._channel import MAX_JSON_VALUES
+from ipybox._config import Limits
+from ipybox._exceptions import KernelConnectionLost, KernelStartError
+from ipybox._gateway._bridge import ToolBridge
+from ipybox._gateway._config import GatewayKernel
+from ipybox._kernel._messages import (
+    OUTPUT_TYPES,
+    READ_TYPES,
+    Error,
+    Inbox,
+    KernelEvent,
+    Reply,
+    execution_events,
+    message_limit,
+)
+from ipybox._toolsocket import shape_problem
+
+__all__ = ("RemoteKernel",)
+
+logger = logging.getLogger(__name__)
+
+# The comm and control message of the tool transport (ipybox_kernel._remote; keep in step).
+_TOOL_COMM = "ipybox-tools"
+_TOOL_REPLY = "ipybox_tool_reply"
+# Room beyond `message_limit` for what the websocket's JSON adds to a Jupyter message (the channel
+# name, a buffers list) and for a tool request, whose line the kernel bounds by the same limit.
+_ENVELOPE_BYTES = 64 * 1024
+# Messages smaller than this cannot hold enough JSON values to matter; larger ones are checked.
+_SHAPE_CHECK_FROM = 64 * 1024
+# The envelope adds a few levels (message, content, data) to what a tool request may nest.
+_MAX_DEPTH = 64 + 8
+# How long a kernel_info request goes unanswered before it is sent again (the gateway may still be
+# connecting to the kernel's channels).
+_READY_RETRY = 1.0
+# Deleting a kernel normally takes a fraction of a second (the gateway asks it to shut down first).
+_DELETE_TIMEOUT = 10.0
+# Websocket keep-alive: a silent peer (a dropped network) is noticed within the sum.
+_PING_INTERVAL = 20.0
+_PING_TIMEOUT = 20.0
+
+
+class RemoteKernel:
+    """One kernel on a gateway. Create with ``async with RemoteKernel.start(...)``."""
+
+    def __init__(
+        self,
+        config: GatewayKernel,
+        kernel_id: str,
+        http: httpx.AsyncClient,
+        limits: Limits,
+    ) -> None:
+        self.config = config
+        self.kernel_id = kernel_id
+        self._http = http
+        self._ws: ClientConnection | None = None
+        self._session = uuid.uuid4().hex
+        self._waiters: dict[str, Inbox] = {}
+        self._message_limit = message_limit(limits.output_chars)
+        self._outbox, self._outgoing = anyio.create_memory_object_stream[str](math.inf)
+        self._bridge: ToolBridge | None = None
+        self._deleted = False
+        self.exit_code: int | None = None
+        self.stop_reason: str | None = None
+        """Why the kernel is gone for the host, once it is."""
+        self.exited = anyio.Event()
+
+    @property
+    def frame_limit(self) -> int:
+        """The largest websocket message the host takes from this kernel."""
+        return self._message_limit + _ENVELOPE_BYTES
+
+    def new_msg_id(self) -> str:
+        return uuid.uuid4().hex
+
+    async def execute(
+        self, code: str, *, msg_id: str | None = None, silent: bool = False
+    ) -> AsyncGenerator[KernelEvent]:
+        """Run code and yield its events until the kernel is idle again.
+
+        Raises:
+            KernelConnectionLost: The websocket closed, or the kernel died, before the execution completed.
+        """
+        content: dict[str, Any] = {
+            "code": code,
+            "silent": silent,
+            "store_history": not silent,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        msg_id = msg_id or self.new_msg_id()
+        inbox = self._waiters[msg_id] = Inbox(self._message_limit)
+        try:
+            if self.exited.is_set():
+                inbox.close()
+            else:
+                self._send("shell", "execute_request", content, msg_id)
+            async for event in execution_events(inbox):
+                yield event
+            if not inbox.ended:
+                raise self.lost_error()
+        finally:
+            self._waiters.pop(msg_id, None)
+            inbox.close()
+
+    def lost_error(self) -> KernelConnectionLost:
+        return KernelConnectionLost(
+            self.config.base, self.kernel_id, self.stop_reason or "the connection to the gateway ended"
+        )
+
+    def interrupt(self) -> None:
+        """Ask the kernel to raise KeyboardInterrupt in the running code (by a control message, as
+        for a local kernel; the gateway passes it on)."""
+        self._send("control", "interrupt_request", {})
+
+    async def kill_and_wait(self) -> None:
+        """Delete the kernel on the gateway (stopping whatever it runs) and mark it gone."""
+        self._lose("the host stopped it")
+        with anyio.CancelScope(shield=True):
+            await self.delete()
+
+    async def delete(self) -> None:
+        """``DELETE`` the kernel on the gateway, once; failures are logged, not raised."""
+        if self._deleted:
+            return
+        self._deleted = True
+        url = f"{self.config.base}/api/kernels/{self.kernel_id}"
+        try:
+            with anyio.fail_after(_DELETE_TIMEOUT):
+                response = await self._http.delete(url)
+            if response.status_code not in (204, 404):
+                logger.warning(
+                    "deleting kernel %s on %s: HTTP %s", self.kernel_id, self.config.base, response.status_code
+                )
+        except (httpx.HTTPError, TimeoutError) as exc:
+            logger.warning("deleting kernel %s on %s failed: %s", self.kernel_id, self.config.base, exc)
+
+    # -- the websocket ----------------------------------------------------------------------------
+
+    def _send(self, channel: str, msg_type: str, content: dict[str, Any], msg_id: str | None = None) -> None:
+        if self.exited.is_set():
+            return
+        header = {
+            "msg_id": msg_id or self.new_msg_id(),
+            "msg_type": msg_type,
+            "session": self._session,
+            "username": "ipybox",
+            "version": "5.3",
+            "date": "",
+        }
+        msg = {"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": channel}
+        self._outbox.send_nowait(json.dumps(msg))
+
+    def _answer_tool(self, answer: dict[str, Any]) -> None:
+        self._send("control", _TOOL_REPLY, answer)
+
+    async def _write(self, ws: ClientConnection) -> None:
+        async for text in self._outgoing:
+            try:
+                await ws.send(text)
+            except ConnectionClosed:
+                return  # the reader reports it
+
+    async def _read(self, ws: ClientConnection) -> None:
+        """Route every message until the websocket ends, then mark the kernel lost."""
+        sock = cast("socket.socket | None", ws.transport.get_extra_info("socket"))
+        quickack = getattr(socket, "TCP_QUICKACK", None)
+        try:
+            async for raw in ws:
+                if quickack is not None and sock is not None:
+                    # The gateway writes with Nagle's algorithm on: its next small message waits for
+                    # our acknowledgement of the last one, which delayed ACKs hold back by up to 40 ms.
+                    with contextlib.suppress(OSError):
+                        sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
+                if isinstance(raw, str):
+                    await self._route(raw)
+                # Binary messages carry buffers (widgets); nothing on the host reads them.
+        except ConnectionClosed as exc:
+            self._lose(f"the websocket to the gateway closed ({exc})")
+        else:
+            self._lose(f"the gateway closed the websocket (code {ws.close_code}, {ws.close_reason or 'no reason'})")
+
+    async def _route(self, raw: str) -> None:
+        if len(raw) > _SHAPE_CHECK_FROM and shape_problem(raw.encode(errors="replace"), _MAX_DEPTH, MAX_JSON_VALUES):
+            return
+        try:
+            msg: object = json.loads(raw)
+        except (ValueError, RecursionError):
+            return
+        if not isinstance(msg, dict):
+            return
+        fields = cast("dict[str, object]", msg)
+        header, parent, content = fields.get("header"), fields.get("parent_header"), fields.get("content")
+        if not isinstance(header, dict) or not isinstance(parent, dict) or not isinstance(content, dict):
+            return
+        header = cast("dict[str, object]", header)
+        content = cast("dict[str, object]", content)
+        kind = header.get("msg_type")
+        if fields.get("channel") == "iopub":
+            if kind == "comm_msg":
+                data = content.get("data")
+                if content.get("comm_id") == _TOOL_COMM and isinstance(data, dict) and self._bridge is not None:
+                    self._bridge.receive(cast("dict[str, Any]", data))
+                return
+            if kind == "status" and content.get("execution_state") in ("restarting", "dead"):
+                # The gateway restarts a kernel process that died; its state is gone all the same.
+                self._lose(f"the kernel process on the gateway died (status {content.get('execution_state')!r})")
+                return
+        inbox = self._waiters.get(cast("dict[str, object]", parent).get("msg_id"))  # pyright: ignore[reportArgumentType]
+        if inbox is None or kind not in READ_TYPES:
+            return
+        size = len(raw)
+        if kind in OUTPUT_TYPES:
+            if size > inbox.budget:
+                inbox.dropped += size
+                return
+            inbox.budget -= size
+        await inbox.put({"header": header, "parent_header": parent, "content": content}, size)
+
+    def _lose(self, reason: str) -> None:
+        """The kernel is gone for the host: fail what waits on it, stop its tool calls."""
+        if self.exited.is_set():
+            return
+        self.stop_reason = reason
+        self.exited.set()
+        self._outbox.close()
+        for inbox in list(self._waiters.values()):
+            inbox.close()
+        if self._bridge is not None:
+            self._bridge.cancel_all()
+
+    async def _wait_ready(self) -> None:
+        """Return once the kernel answers a kernel_info request; the caller bounds the wait."""
+        inbox = Inbox(self._message_limit)
+        sent: list[str] = []
+        try:
+            while not self.exited.is_set():
+                sent.append(self.new_msg_id())
+                self._waiters[sent[-1]] = inbox
+                self._send("shell", "kernel_info_request", {}, sent[-1])
+                with anyio.move_on_after(_READY_RETRY):
+                    async for raw in inbox:
+                        if raw["header"]["msg_type"] == "kernel_info_reply":
+                            return
+        finally:
+            for msg_id in sent:
+                self._waiters.pop(msg_id, None)
+            inbox.close()
+        raise KernelStartError(f"the kernel on the gateway was lost during start-up: {self.stop_reason}")
+
+    async def _run_setup(self, cell: str) -> None:
+        errors = [
+            str(event)
+            async for event in self.execute(cell, silent=True)
+            if isinstance(event, Error) or (isinstance(event, Reply) and event.status != "ok")
+        ]
+        if errors:
+            raise KernelStartError(
+                "preparing the kernel on the gateway failed (pushing ipybox_kernel and the tool modules, or "
+                "installing the tool transport): " + "; ".join(errors)[:4000]
+            )
+
+    # -- start-up -----------------------------------------------------------------------------------
+
+    @classmethod
+    @asynccontextmanager
+    async def start(
+        cls,
+        config: GatewayKernel,
+        *,
+        limits: Limits,
+        start_timeout: float,
+        tool_socket: Path,
+        setup: Sequence[str],
+    ) -> AsyncGenerator[RemoteKernel]:
+        """Start a kernel on the gateway, prepare it with the ``setup`` cells, and delete it on exit.
+
+        Raises:
+            KernelStartError: The gateway refused or failed to start the kernel, the websocket could
+                not be opened, or the kernel was not ready (setup included) within ``start_timeout``.
+        """
+        async with httpx.AsyncClient(headers=config.http_headers(), timeout=config.request_timeout) as http:
+            # One deadline for the whole start: the request, the websocket, readiness and setup.
+            deadline = anyio.current_time() + start_timeout
+            kernel_id = await _create(http, config, start_timeout, deadline)
+            kernel = cls(config, kernel_id, http, limits)
+            try:
+                ws_url = "ws" + config.base.removeprefix("http") + f"/api/kernels/{kernel_id}/channels"
+                failure: KernelStartError | None = None
+                try:
+                    with anyio.fail_at(deadline):
+                        ws = await connect(
+                            ws_url,
+                            additional_headers=config.http_headers(),
+                            max_size=kernel.frame_limit,
+                            compression=None,
+                            ping_interval=_PING_INTERVAL,
+                            ping_timeout=_PING_TIMEOUT,
+                            open_timeout=None,
+                        )
+                except (OSError, InvalidHandshake, TimeoutError) as exc:
+                    detail = (
+                        f"HTTP {exc.response.status_code}" if isinstance(exc, InvalidStatus) else str(exc) or "timeout"
+                    )
+                    raise KernelStartError(
+                        f"the gateway's websocket for kernel {kernel_id} could not be opened: {detail} (a gateway "
+                        "that starts many kernels at once may need a longer Timeouts.start)"
+                    ) from None
+                async with ws, anyio.create_task_group() as tg:
+                    kernel._ws = ws
+                    kernel._bridge = ToolBridge(tool_socket, kernel._answer_tool, tg)
+                    tg.start_soon(kernel._read, ws)
+                    tg.start_soon(kernel._write, ws)
+                    try:
+                        with anyio.fail_at(deadline):
+                            await kernel._wait_ready()
+                            for cell in setup:
+                                await kernel._run_setup(cell)
+                    except TimeoutError:
+                        failure = KernelStartError(
+                            f"the kernel on the gateway did not become ready within {start_timeout:g} s"
+                        )
+                    except KernelStartError as exc:
+                        failure = exc
+                    if failure is None:
+                        try:
+                            yield kernel
+                        finally:
+                            kernel._lose("the executor stopped or replaced it")
+                            tg.cancel_scope.cancel()
+                    else:
+                        kernel._lose("it did not start")
+                        tg.cancel_scope.cancel()
+                if failure is not None:
+                    raise failure
+            finally:
+                kernel._lose("the executor stopped or replaced it")
+                kernel._outgoing.close()
+                with anyio.CancelScope(shield=True):
+                    await kernel.delete()
+
+
+async def _create(http: httpx.AsyncClient, config: GatewayKernel, start_timeout: float, deadline: float) -> str:
+    body: dict[str, Any] = {"name": config.kernel_name}
+    if config.env:
+        body["env"] = dict(config.env)
+    where = f"the gateway at {config.base}"
+    try:
+        with anyio.fail_at(deadline):
+            response = await http.post(f"{config.base}/api/kernels", json=body)
+    except TimeoutError:
+        raise KernelStartError(f"{where} did not start a kernel within {start_timeout:g} s") from None
+    except httpx.HTTPError as exc:
+        raise KernelStartError(f"{where} cannot be reached: {exc or type(exc).__name__}") from None
+    if response.status_code in (401, 403):
+        raise KernelStartError(f"{where} refused to start a kernel (HTTP {response.status_code}): check the token")
+    if response.status_code != 201 and response.status_code != 200:
+        raise KernelStartError(
+            f"{where} failed to start a {config.kernel_name!r} kernel (HTTP {response.status_code})",
+            output=response.text[:2000],
+        )
+    try:
+        kernel_id = response.json()["id"]
+    except (ValueError, KeyError, TypeError):
+        kernel_id = None
+    if not isinstance(kernel_id, str) or not kernel_id or len(kernel_id) > 128 or "/" in kernel_id:
+        raise KernelStartError(
+            f"{where} answered the kernel start without a usable kernel id", output=response.text[:2000]
+        )
+    return kernel_id

@@ -1,0 +1,80 @@
+"""`GatewayKernel`: where and how to start an executor's kernel on a Jupyter (Enterprise) Gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from urllib.parse import urlsplit
+
+from ipybox._exceptions import UsageError
+
+__all__ = ("GatewayKernel",)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayKernel:
+    """Run the executor's kernel on Jupyter Kernel Gateway or Jupyter Enterprise Gateway.
+
+    Pass it as ``CodeExecutor(kernel=GatewayKernel(...))``. The kernel is started with the gateway's
+    REST API (``POST /api/kernels``), driven over its websocket, and deleted when the executor stops
+    or replaces it. Tool calls from kernel code come back to the host over that websocket and are
+    approved on the host as for a local kernel. See the "Remote kernels" page of the documentation
+    for what differs (the sandbox is the gateway's: a Kubernetes pod, say).
+
+    Needs the ``gateway`` extra (``pip install 'ipybox[gateway]'``).
+
+    Args:
+        url: The gateway's base URL, ``http://`` or ``https://`` (a path prefix is kept).
+        token: The gateway's auth token, sent as ``Authorization: token ...`` (None: no header).
+        kernel_name: The kernelspec to start.
+        headers: More HTTP headers for every request and the websocket (e.g. for a proxy).
+        env: Variables for the kernel's start request. Enterprise Gateway passes ``KERNEL_*``
+            variables to its launcher and pod template (``KERNEL_NAMESPACE``, ``KERNEL_UID``, ...);
+            Kernel Gateway passes only those its ``env_whitelist`` allows.
+        push_sources: Send ``ipybox_kernel`` and the generated tool modules into the kernel at each
+            start, through cells. False: the kernel image provides them (same ipybox version).
+        request_timeout: Seconds one REST request may take.
+    """
+
+    url: str
+    token: str | None = field(default=None, repr=False)
+    kernel_name: str = "python3"
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    push_sources: bool = True
+    request_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url) if isinstance(self.url, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"GatewayKernel url must be an http:// or https:// URL with a host, got {self.url!r}")
+        if parts.query or parts.fragment:
+            raise UsageError(f"GatewayKernel url must not have a query or fragment, got {self.url!r}")
+        if self.token is not None and (not isinstance(self.token, str) or not self.token):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError("GatewayKernel token must be a non-empty string or None")
+        if not isinstance(self.kernel_name, str) or not self.kernel_name:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"GatewayKernel kernel_name must be a non-empty string, got {self.kernel_name!r}")
+        for what in ("headers", "env"):
+            given: object = getattr(self, what)
+            if not isinstance(given, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str)
+                for k, v in given.items()  # pyright: ignore[reportUnknownVariableType]
+            ):
+                raise UsageError(f"GatewayKernel {what} must map str to str, got {given!r}")
+            # A private copy: the caller's dict changing later must not change a frozen config.
+            object.__setattr__(self, what, MappingProxyType(dict(given)))  # pyright: ignore[reportUnknownArgumentType]
+        if not self.request_timeout > 0:
+            raise UsageError(f"GatewayKernel request_timeout must be positive, got {self.request_timeout!r}")
+
+    @property
+    def base(self) -> str:
+        """The URL without a trailing slash."""
+        return self.url.rstrip("/")
+
+    def http_headers(self) -> dict[str, str]:
+        """The headers of every request: ``headers`` and the token."""
+        headers = dict(self.headers)
+        if self.token is not None:
+            headers["Authorization"] = f"token {self.token}"
+        return headers

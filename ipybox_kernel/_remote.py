@@ -1,0 +1,150 @@
+"""Tool calls from a kernel that runs on a remote gateway, carried over the kernel protocol itself.
+
+A kernel on Jupyter Kernel Gateway or Enterprise Gateway has no path to the host's tool socket, and
+must not get a network path to the host. Its only link is the gateway's websocket, which carries
+Jupyter messages, so a call travels as two of them:
+
+- the request: a ``comm_msg`` on IOPub for comm ``ipybox-tools`` with ``{"id", "line"}`` (``line``
+  is the same JSON line the local transport writes to the socket);
+- the answer: an ``ipybox_tool_reply`` message on the control channel, ``{"id", "ack": true}`` when
+  the host has the request and ``{"id", "line"}`` with the reply line. ipykernel handles control
+  messages on its own thread, so the answer arrives while the cell's thread waits in the call.
+
+The gateway may drop IOPub messages under its rate limit (jupyter_server's default counts comms), so
+a request the host has not acknowledged is sent again; the host ignores an id it already has. A
+cancelled call (KeyboardInterrupt, a cancelled ``acall_tool``) sends ``{"id", "cancel": true}``,
+which cancels its approval or MCP call on the host.
+
+The host's cell that runs `install` sets ``IPYBOX_TOOL_TRANSPORT=kernel``, which
+makes `ipybox_kernel.call_tool` take this path.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from typing import Any
+
+from ._client import TRANSPORT_ENV
+
+__all__ = ("COMM_ID", "REPLY_TYPE", "install", "round_trip")
+
+COMM_ID = "ipybox-tools"
+REPLY_TYPE = "ipybox_tool_reply"
+# Seconds without the host's acknowledgement before a request is sent again: long enough that a
+# busy gateway is not flooded, short enough that a dropped request costs little.
+_RESEND_AFTER = 1.0
+
+
+class PendingCall:
+    """One call waiting for the host's answer; set by the control thread."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.acked = False
+        self.reply: bytes | None = None
+
+    def abort(self) -> None:
+        self.done.set()
+
+
+_calls: dict[str, PendingCall] = {}
+# Requests sent again for want of an acknowledgement, over the kernel's life (for diagnosis).
+resent = 0
+_lock = threading.Lock()
+_kernel: Any = None
+# The largest request message the kernel may send (the output guard drops larger ones, and the host
+# refuses them); None without a limit.
+_message_bytes: int | None = None
+
+
+def install(output: int | None, message_bytes: int | None) -> None:
+    """Set up a running remote kernel for ipybox: the tool transport and the output guards.
+
+    Called by the host's start-up cell, once per kernel.
+    """
+    global _kernel, _message_bytes
+    import os
+
+    from IPython import get_ipython
+
+    from ._launch import prepare
+
+    shell: Any = get_ipython()
+    kernel: Any = shell.kernel
+    kernel.control_handlers[REPLY_TYPE] = _on_answer
+    # ipykernel sleeps before each execute_reply for front ends that stop at the reply; the host
+    # reads on until the idle status (as ipybox_kernel._launch sets for local kernels).
+    kernel._execute_sleep = 0
+    prepare(shell, kernel, kernel.session, output, message_bytes, drain=None)
+    _kernel, _message_bytes = kernel, message_bytes
+    os.environ[TRANSPORT_ENV] = "kernel"
+
+
+def round_trip(server_name: str, tool_name: str, line: bytes, abort: Any) -> bytes | None:
+    """Send one request line to the host and return its reply line (None: cancelled).
+
+    ``abort`` is the caller's `ipybox_kernel._client._Abort` or None.
+
+    Raises:
+        ValueError: The request is larger than the host takes from this kernel (the message says so).
+        RuntimeError: `install` has not run in this kernel.
+    """
+    kernel = _kernel
+    if kernel is None:
+        raise RuntimeError("the remote tool transport is not installed in this kernel")
+    call_id = uuid.uuid4().hex
+    content = {"comm_id": COMM_ID, "data": {"id": call_id, "line": line.rstrip(b"\n").decode()}}
+    size = len(json.dumps(content))
+    if _message_bytes is not None and size > _message_bytes:
+        raise ValueError(
+            f"the request for tool {tool_name!r} of {server_name!r} is {size} bytes as a kernel message; a remote "
+            f"kernel sends at most {_message_bytes} bytes per message (pass large data as a file, or raise "
+            "Limits.output_chars)"
+        )
+    call = PendingCall()
+    with _lock:
+        _calls[call_id] = call
+    parent = kernel.get_parent()
+    try:
+        if abort is not None and not abort.attach(call):
+            return None
+        _send(kernel, content, parent)
+        while not call.done.wait(_RESEND_AFTER):
+            if not call.acked:
+                global resent
+                resent += 1
+                _send(kernel, content, parent)
+        if call.reply is None:
+            _send(kernel, {"comm_id": COMM_ID, "data": {"id": call_id, "cancel": True}}, parent)
+        return call.reply
+    except BaseException:
+        # KeyboardInterrupt while waiting: the host cancels the approval or call it is making.
+        _send(kernel, {"comm_id": COMM_ID, "data": {"id": call_id, "cancel": True}}, parent)
+        raise
+    finally:
+        with _lock:
+            _calls.pop(call_id, None)
+
+
+def _send(kernel: Any, content: dict[str, Any], parent: Any) -> None:
+    kernel.session.send(kernel.iopub_socket, "comm_msg", content, parent=parent, ident=f"comm-{COMM_ID}".encode())
+
+
+def _on_answer(_stream: Any, _ident: Any, msg: dict[str, Any]) -> None:
+    """ipykernel's control handler for `REPLY_TYPE`; runs on the control thread."""
+    content: Any = msg.get("content")
+    if not isinstance(content, dict):
+        return
+    fields: dict[str, Any] = content  # pyright: ignore[reportUnknownVariableType]
+    with _lock:
+        call = _calls.get(str(fields.get("id")))
+    if call is None:
+        return  # a late answer to a call that was cancelled
+    line = fields.get("line")
+    if isinstance(line, str):
+        call.reply = line.encode() + b"\n"
+        call.done.set()
+    elif fields.get("ack") is True:
+        call.acked = True

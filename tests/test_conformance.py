@@ -1,0 +1,288 @@
+"""The behaviour that matters, on both backends: a local sandboxed kernel, and a kernel on a real
+Jupyter Kernel Gateway on 127.0.0.1 (started by the tests) with tool calls carried back over the
+kernel protocol. Then what only a remote kernel can do: lose its connection.
+
+One executor per backend for the module; tests that break the kernel leave it recoverable.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncGenerator
+from pathlib import Path
+
+import anyio
+import pytest
+from servers.fixtures import stdio_server
+from servers.gateway import Gateway, relay, run_gateway
+
+from ipybox import (
+    ApprovalRequest,
+    CodeExecutionChunk,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    ExecutionTimeout,
+    GatewayKernel,
+    KernelConnectionLost,
+    KernelDied,
+    Limits,
+    UsageError,
+    generate_mcp_sources,
+)
+
+pytestmark = pytest.mark.anyio
+
+OUTPUT_CHARS = 20_000
+# A 1x1 PNG.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+# Deadline for what must end on its own (a failed execution, a recovery): far above a kernel start.
+RECOVERY = 60.0
+
+
+@pytest.fixture(scope="module")
+async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tools") / "mcptools"
+    await generate_mcp_sources("test", stdio_server(), root)
+    return root
+
+
+@pytest.fixture(scope="module", params=["local", "gateway"])
+async def ex(request: pytest.FixtureRequest, tools_dir: Path, module_workspace: Path) -> AsyncGenerator[CodeExecutor]:
+    kernel = None
+    if request.param == "gateway":
+        gw: Gateway = request.getfixturevalue("gateway")
+        kernel = GatewayKernel(gw.url, token=gw.token)
+    limits = Limits(output_chars=OUTPUT_CHARS)
+    async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir, limits=limits, kernel=kernel) as executor:
+        yield executor
+
+
+async def run(
+    ex: CodeExecutor, code: str, reject: str | None = None
+) -> tuple[list[ApprovalRequest], CodeExecutionResult]:
+    """Run code, accepting each tool call (or rejecting it with ``reject`` as the reason)."""
+    requests: list[ApprovalRequest] = []
+    result = None
+    async for event in ex.execute(code):
+        if isinstance(event, ApprovalRequest):
+            requests.append(event)
+            await (event.accept() if reject is None else event.reject(reject))
+        elif isinstance(event, CodeExecutionResult):
+            result = event
+    assert result is not None
+    return requests, result
+
+
+async def test_an_execution_returns_what_it_printed_and_its_value(ex: CodeExecutor) -> None:
+    result = await ex.execute("print('hello')\n6 * 7")
+    assert result.text == "hello\n42\n"
+
+
+async def test_variables_persist_between_executions(ex: CodeExecutor) -> None:
+    await ex.execute("counter = 41")
+    assert (await ex.execute("counter += 1\nprint(counter)")).text == "42\n"
+
+
+async def test_output_streams_while_the_code_runs_and_an_interrupt_reaches_it(ex: CodeExecutor) -> None:
+    code = (
+        "import time\n"
+        "print('waiting', flush=True)\n"
+        "try:\n"
+        "    while True: time.sleep(0.01)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')"
+    )
+    chunks: list[str] = []
+    with anyio.fail_after(RECOVERY):
+        async for event in ex.execute(code):
+            if isinstance(event, CodeExecutionChunk):
+                chunks.append(event.text)
+                if event.text == "waiting\n":
+                    ex.interrupt()
+            elif isinstance(event, CodeExecutionResult):
+                assert event.text == "waiting\ninterrupted\n"
+    assert "".join(chunks) == "waiting\ninterrupted\n"
+
+
+async def test_no_output_is_lost_from_thousands_of_prints(ex: CodeExecutor) -> None:
+    result = await ex.execute("for i in range(3000): print(i)")
+    assert result.text.split() == [str(i) for i in range(3000)]
+
+
+async def test_a_displayed_image_arrives_as_an_image(ex: CodeExecutor) -> None:
+    result = await ex.execute(f"from IPython.display import Image, display\ndisplay(Image(data={PNG!r}))")
+    [image] = result.images
+    assert (image.mime, image.data) == ("image/png", PNG)
+
+
+async def test_an_error_fails_the_execution_with_its_name_and_a_clean_traceback(ex: CodeExecutor) -> None:
+    with pytest.raises(CodeExecutionError) as info:
+        await ex.execute("def check():\n    raise ValueError('bad value')\ncheck()")
+    assert (info.value.ename, info.value.evalue) == ("ValueError", "bad value")
+    assert "check()" in info.value.traceback and "\x1b[" not in info.value.traceback
+
+
+async def test_a_timeout_interrupts_the_code_and_the_kernel_keeps_its_state(ex: CodeExecutor) -> None:
+    await ex.execute("kept = 'yes'")
+    with pytest.raises(ExecutionTimeout) as info:
+        await ex.execute("import time\nwhile True: time.sleep(0.01)", timeout=1)
+    assert not info.value.restarted
+    assert (await ex.execute("print(kept)")).text == "yes\n"
+
+
+async def test_output_beyond_the_limit_is_dropped_and_counted(ex: CodeExecutor) -> None:
+    result = await ex.execute(f"print('x' * {3 * OUTPUT_CHARS})")
+    assert result.text.startswith("x" * 100) and len(result.text) <= OUTPUT_CHARS + 1000
+    assert result.truncated_chars >= OUTPUT_CHARS
+
+
+async def test_an_accepted_tool_call_returns_the_tools_result(ex: CodeExecutor) -> None:
+    requests, result = await run(ex, "from mcptools.test import greet\nprint(greet.run(greet.Params(name='remote')))")
+    assert result.text == "Hello, remote!\n"
+    [request] = requests
+    assert (request.server_name, request.tool_name, dict(request.tool_args)) == ("test", "greet", {"name": "remote"})
+
+
+async def test_a_rejected_tool_call_raises_tool_call_rejected_with_the_reason(ex: CodeExecutor) -> None:
+    code = (
+        "from ipybox_kernel import ToolCallRejected\n"
+        "from mcptools.test import delete_item\n"
+        "try:\n"
+        "    delete_item.run({'item_id': 'a1'})\n"
+        "except ToolCallRejected as e:\n"
+        "    print('caught:', e.reason)"
+    )
+    _, result = await run(ex, code, reject="not today")
+    assert result.text == "caught: not today\n"
+
+
+async def test_tool_calls_from_threads_run_at_once_each_with_its_own_approval(ex: CodeExecutor) -> None:
+    code = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from mcptools.test import add\n"
+        "with ThreadPoolExecutor(4) as pool:\n"
+        "    print(sorted(pool.map(lambda n: add.run(add.Params(a=n, b=1)).result, range(4))))"
+    )
+    requests, result = await run(ex, code)
+    assert result.text == "[1, 2, 3, 4]\n" and len(requests) == 4
+
+
+async def test_an_interrupt_while_a_call_waits_for_approval_cancels_it_and_the_next_call_works(
+    ex: CodeExecutor,
+) -> None:
+    code = (
+        "from mcptools.test import greet\n"
+        "try:\n"
+        "    greet.run(greet.Params(name='never'))\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')"
+    )
+    with anyio.fail_after(RECOVERY):
+        async for event in ex.execute(code):
+            if isinstance(event, ApprovalRequest):
+                ex.interrupt()  # left unanswered: the interrupt must end the wait
+            elif isinstance(event, CodeExecutionResult):
+                assert event.text == "interrupted\n"
+        _, result = await run(ex, "from mcptools.test import greet\nprint(greet.run(greet.Params(name='after')))")
+    assert result.text == "Hello, after!\n"
+
+
+async def test_a_kernel_that_dies_fails_its_execution_and_the_next_gets_a_fresh_kernel(ex: CodeExecutor) -> None:
+    await ex.execute("before_death = 1")
+    with anyio.fail_after(RECOVERY), pytest.raises(KernelDied):
+        await ex.execute("import os\nos._exit(1)")
+    with anyio.fail_after(RECOVERY):
+        result = await ex.execute("print('before_death' in globals())")
+    assert result.text == "False\n"
+
+
+async def test_reset_replaces_the_kernel(ex: CodeExecutor) -> None:
+    await ex.execute("gone = 1")
+    await ex.reset()
+    with pytest.raises(CodeExecutionError) as info:
+        await ex.execute("gone")
+    assert info.value.ename == "NameError"
+
+
+# -- remote only -------------------------------------------------------------------------------
+
+
+async def test_a_dropped_websocket_fails_the_execution_and_the_executor_recovers(
+    gateway: Gateway, workspace: Path
+) -> None:
+    before = set(gateway.kernel_ids())
+    async with relay(gateway.url) as hop:
+        async with CodeExecutor(workspace=workspace, kernel=GatewayKernel(hop.url, token=gateway.token)) as ex:
+            [lost] = set(gateway.kernel_ids()) - before
+            code = "import time\nprint('running', flush=True)\nwhile True: time.sleep(0.01)"
+            with anyio.fail_after(RECOVERY), pytest.raises(KernelConnectionLost) as info:
+                async for event in ex.execute(code):
+                    if isinstance(event, CodeExecutionChunk):
+                        await hop.cut()
+            assert info.value.kernel_id == lost and info.value.url == hop.url
+            with anyio.fail_after(RECOVERY):
+                assert (await ex.execute("print('fresh')")).text == "fresh\n"
+            # The lost kernel was deleted on the gateway; only the fresh one is left.
+            [fresh] = set(gateway.kernel_ids()) - before
+            assert fresh != lost
+        assert set(gateway.kernel_ids()) == before
+
+
+async def test_a_message_over_the_hosts_limit_drops_the_connection_not_the_host(
+    gateway: Gateway, workspace: Path
+) -> None:
+    # Session.send of the class, not the kernel's session: past ipybox's output guard, as hostile code can.
+    code = (
+        "k = get_ipython().kernel\n"
+        "msg = k.session.msg('stream', {'name': 'stdout', 'text': 'x' * 4_000_000}, parent=k.get_parent())\n"
+        "type(k.session).send(k.session, k.iopub_socket, msg)\n"
+        "import time\n"
+        "while True: time.sleep(0.01)"
+    )
+    kernel = GatewayKernel(gateway.url, token=gateway.token)
+    async with CodeExecutor(workspace=workspace, kernel=kernel, limits=Limits(output_chars=OUTPUT_CHARS)) as ex:
+        with anyio.fail_after(RECOVERY), pytest.raises(KernelConnectionLost) as info:
+            await ex.execute(code)
+        assert "too big" in str(info.value)
+        with anyio.fail_after(RECOVERY):
+            assert (await ex.execute("print('fresh')")).text == "fresh\n"
+
+
+async def test_a_tool_call_the_gateways_iopub_rate_limit_dropped_is_sent_again(workspace: Path) -> None:
+    # A burst of messages first: jupyter_server's stock limit (1000/s) then drops IOPub messages, the
+    # request too. A 1 s window (stock: 3 s) makes the limit lift sooner.
+    code = (
+        "for i in range(2500): print(i, flush=True)\n"
+        "from ipybox_kernel import call_tool\n"
+        "print(call_tool('test', 'greet', {'name': 'limited'}).text)\n"
+        "import ipybox_kernel._remote\n"
+        "print('resent', ipybox_kernel._remote.resent > 0)"
+    )
+    with run_gateway(rate_limit=True, options=("--ZMQChannelsWebsocketConnection.rate_limit_window=1",)) as limited:
+        kernel = GatewayKernel(limited.url, token=limited.token)
+        async with CodeExecutor(workspace=workspace, tools_dir=None, kernel=kernel, approval="auto") as ex:
+            ex.register_mcp_server("test", stdio_server())
+            with anyio.fail_after(RECOVERY):
+                result = await ex.execute(code)
+    assert result.text.endswith("Hello, limited!\nresent True\n")
+
+
+async def test_a_remote_kernel_imports_ipybox_kernel_and_the_tools_from_the_pushed_sources(ex: CodeExecutor) -> None:
+    if ex.gateway is None:
+        pytest.skip("a local kernel imports them from the host's files; nothing is pushed")
+    code = "import ipybox_kernel, mcptools, os\nprint(ipybox_kernel.__file__)\nprint(mcptools.__file__)"
+    kernel_file, tools_file = (await ex.execute(code)).text.split()
+    root = Path(kernel_file).parent.parent
+    assert Path(tools_file).parent.parent == root and Path(root).name.startswith("ipybox-")
+    # Not the host's copy, which a kernel on another machine could not import.
+    assert root != Path(__file__).parent.parent
+
+
+def test_a_local_sandbox_config_with_a_gateway_kernel_is_refused(workspace: Path) -> None:
+    from ipybox import SandboxConfig
+
+    with pytest.raises(UsageError, match="leave sandbox at 'auto'"):
+        CodeExecutor(workspace=workspace, sandbox=SandboxConfig(), kernel=GatewayKernel("http://127.0.0.1:1"))
