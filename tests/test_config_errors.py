@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ipybox import Limits, SandboxConfig, StdioServer, Timeouts, UsageError
+from ipybox import CodeExecutor, GatewayKernel, Limits, SandboxConfig, StdioServer, Timeouts, UsageError
 from ipybox._cli import _build_parser
+from ipybox._kernelspec import KernelSpec
 from ipybox._mcp import parse_server_params
 from ipybox.mcp_server._config import ServerConfig, config_from_args
 
@@ -83,3 +84,34 @@ def test_the_mcp_servers_kernel_config_is_the_executors_with_its_defaults_and_th
     assert tuned.timeouts == Timeouts(execution=5.0, approval=300.0)
     assert tuned.sandbox == SandboxConfig(ro_paths=(tmp_path.resolve(),))
     assert config_from_args(parse(["mcp", "--workspace", str(tmp_path), "--no-sandbox"])).sandbox is None
+
+
+@pytest.mark.parametrize("extra", [["--allow-net", "example.org"], ["--skills-dir", "skills"]])
+def test_a_pool_for_http_sessions_is_refused_with_network_or_skills_which_pooled_kernels_lack(
+    tmp_path: Path, extra: list[str]
+) -> None:
+    argv = ["mcp", "--workspace", str(tmp_path), "--transport", "http", "--pool", "2", *extra]
+    args = _build_parser().parse_args(argv)
+    with pytest.raises(UsageError, match=r"pool_size \(--pool\) cannot be combined with network"):
+        config_from_args(args)
+
+
+def test_a_remote_kernel_is_refused_with_a_pool_or_a_skills_dir(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="GatewayKernel cannot be combined with pool or skills_dir"):
+        CodeExecutor(workspace=tmp_path, kernel=GatewayKernel("http://127.0.0.1:9"), skills_dir="skills")
+
+
+def test_a_kernel_spec_tells_apart_kernels_with_skills_or_network_from_plain_ones(tmp_path: Path) -> None:
+    def spec(*, skills_dir: Path | None = None, network: bool = False) -> KernelSpec:
+        return KernelSpec.of(
+            sandbox=None,
+            limits=Limits(),
+            env={},
+            workspace=tmp_path,
+            tools_dir=None,
+            skills_dir=skills_dir,
+            network=network,
+        )
+
+    assert spec().differences(spec(skills_dir=tmp_path / "skills")) == ["skills_dir"]
+    assert spec().differences(spec(network=True)) == ["network"]
