@@ -89,7 +89,7 @@ def interrupting_tool(
     timeout: float | None,
 ) -> FunctionTool:
     """The nested kernel-driver agent as a tool: MCP approvals become the outer run's interruptions."""
-    calls = _call_names(executor.tools_dir)
+    calls = {**_call_names(executor.tools_dir), **_builtin_call_names(executor)}
     driver = _KernelDriver(executor, calls, on_output=on_output, ttl=ttl, timeout=timeout)
     kernel = Agent[Any](
         name="ipybox kernel",
@@ -172,6 +172,18 @@ def _call_names(tools_dir: Path | None) -> dict[str, tuple[str, str]]:
         return {}
     entries = tool_index(tools_dir).entries
     return {_call_name(e.server, e.tool): (f"{e.server}.{e.tool}", e.description) for e in entries}
+
+
+def _builtin_call_names(executor: CodeExecutor) -> dict[str, tuple[str, str]]:
+    """The approval tools for ipybox's own tools that this executor's kernel code can ask for:
+    package installs (``%pip``), saving skills and, when unlisted destinations are asked, network
+    connections. Without them such a request could not become an interruption and was refused."""
+    calls = {_call_name("ipybox", "install_package"): ("ipybox.install_package", "install a package for the kernel")}
+    if executor.skills_dir is not None:
+        calls[_call_name("ipybox", "save_skill")] = ("ipybox.save_skill", "save code as a skill later code can import")
+    if executor.network is not None and executor.network.unlisted == "ask":
+        calls[_call_name("ipybox", "connect")] = ("ipybox.connect", "open a network connection to host:port")
+    return calls
 
 
 def _approval_gate(executor: CodeExecutor, call_name: str, description: str) -> FunctionTool:
