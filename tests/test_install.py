@@ -108,7 +108,18 @@ async def test_the_built_wheel_installs_with_pip_into_a_fresh_venv_serves_mcp_an
 
     # The framework extras, from the same wheel, as a user of an adapter installs them; then the
     # LangChain example agent, copied out of the repo, runs on them (offline, answers on stdin).
-    extras = f"ipybox[langchain,pydantic-ai,openai-agents] @ {wheel.as_uri()}"
+    # Without the gateway extra a remote kernel is refused with the command that installs it.
+    check_gateway = (
+        "from ipybox import CodeExecutor, GatewayKernel, UsageError\n"
+        "try:\n"
+        "    CodeExecutor(kernel=GatewayKernel('http://127.0.0.1:9'))\n"
+        "    print('gateway ok')\n"
+        "except UsageError as e:\n"
+        "    print(e)\n"
+    )
+    refused = await anyio.run_process([str(python), "-c", check_gateway], env=env, cwd=project)
+    assert "pip install 'ipybox[gateway]'" in refused.stdout.decode(), refused.stdout
+    extras = f"ipybox[langchain,pydantic-ai,openai-agents,gateway] @ {wheel.as_uri()}"
     with anyio.fail_after(INSTALL_TIMEOUT):
         await anyio.run_process([str(venv / "bin" / "pip"), "install", "--quiet", extras], env=env)
         imported = await anyio.run_process(
@@ -118,6 +129,7 @@ async def test_the_built_wheel_installs_with_pip_into_a_fresh_venv_serves_mcp_an
                 "from ipybox.integrations.langchain import IpyboxTool\n"
                 "from ipybox.integrations.pydantic_ai import IpyboxToolset\n"
                 "from ipybox.integrations.openai_agents import ipybox_tool\n"
+                "from ipybox._gateway._client import RemoteKernel\n"
                 "print('adapters ok')",
             ],
             env=env,
