@@ -88,10 +88,10 @@ async def test_variables_persist_between_executions(ex: CodeExecutor) -> None:
 
 async def test_output_streams_while_the_code_runs_and_an_interrupt_reaches_it(ex: CodeExecutor) -> None:
     code = (
-        "import time\n"
+        "import threading\n"
         "print('waiting', flush=True)\n"
         "try:\n"
-        "    while True: time.sleep(0.01)\n"
+        "    threading.Event().wait()  # an event nothing sets: runs until interrupted\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted')"
     )
@@ -128,7 +128,7 @@ async def test_an_error_fails_the_execution_with_its_name_and_a_clean_traceback(
 async def test_a_timeout_interrupts_the_code_and_the_kernel_keeps_its_state(ex: CodeExecutor) -> None:
     await ex.execute("kept = 'yes'")
     with pytest.raises(ExecutionTimeout) as info:
-        await ex.execute("import time\nwhile True: time.sleep(0.01)", timeout=1)
+        await ex.execute("import threading\nthreading.Event().wait()", timeout=1)
     assert not info.value.restarted
     assert (await ex.execute("print(kept)")).text == "yes\n"
 
@@ -217,7 +217,7 @@ async def test_a_dropped_websocket_fails_the_execution_and_the_executor_recovers
     async with relay(gateway.url) as hop:
         async with CodeExecutor(workspace=workspace, kernel=GatewayKernel(hop.url, token=gateway.token)) as ex:
             [lost] = set(gateway.kernel_ids()) - before
-            code = "import time\nprint('running', flush=True)\nwhile True: time.sleep(0.01)"
+            code = "import threading\nprint('running', flush=True)\nthreading.Event().wait()"
             with anyio.fail_after(RECOVERY), pytest.raises(KernelConnectionLost) as info:
                 async for event in ex.execute(code):
                     if isinstance(event, CodeExecutionChunk):
@@ -239,8 +239,8 @@ async def test_a_message_over_the_hosts_limit_drops_the_connection_not_the_host(
         "k = get_ipython().kernel\n"
         "msg = k.session.msg('stream', {'name': 'stdout', 'text': 'x' * 4_000_000}, parent=k.get_parent())\n"
         "type(k.session).send(k.session, k.iopub_socket, msg)\n"
-        "import time\n"
-        "while True: time.sleep(0.01)"
+        "import threading\n"
+        "threading.Event().wait()"
     )
     kernel = GatewayKernel(gateway.url, token=gateway.token)
     async with CodeExecutor(workspace=workspace, kernel=kernel, limits=Limits(output_chars=OUTPUT_CHARS)) as ex:

@@ -71,7 +71,7 @@ async def test_iteration_ends_by_raising_the_executions_error(executor: CodeExec
 async def test_cancel_stops_running_code_and_the_executor_keeps_its_state(workspace: Path) -> None:
     async with CodeExecutor(workspace=workspace) as ex:
         await ex.execute("state = 'kept'")
-        execution = ex.execute("import time\nprint('go', flush=True)\ntime.sleep(60)")
+        execution = ex.execute("import threading\nprint('go', flush=True)\nthreading.Event().wait()")
         async for _ in execution:
             break
         execution.cancel()
