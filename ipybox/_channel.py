@@ -8,7 +8,10 @@ A request names a server and a tool and carries arguments, nothing else: no comm
 environment. The host looks the server up by name in its own registry::
 
     {"token": "...", "seq": 7, "execution": "<msg_id>" | null,
-     "server": "github", "tool": "search_issues", "arguments": {...}}
+     "server": "github", "tool": "search_issues", "arguments": {...}, "mark": 3}
+
+``mark`` (optional) names the output mark the kernel put on IOPub behind what the cell printed
+before the call (``ipybox_kernel._marks``); the host shows the call for approval after that output.
 
 A reply is either a result or an error of one of the `ErrorKind` kinds::
 
@@ -78,6 +81,8 @@ class ToolRequest(BaseModel):
     server: str = Field(min_length=1, max_length=1024)
     tool: str = Field(min_length=1, max_length=1024)
     arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
+    mark: int | None = Field(default=None, ge=1, lt=2**63)
+    """The kernel's output mark that follows what the cell printed before the call (ipybox._marks)."""
 
 
 class ToolResultReply(BaseModel):

@@ -22,6 +22,7 @@ import anyio
 from ._approval import Approval, ApprovalDecision, ApprovalRequest
 from ._events import wait_any
 from ._exceptions import ExecutionCancelled, ExecutionLost, IpyboxError
+from ._marks import ReceivedMarks
 from ._results import CodeExecutionChunk, CodeExecutionResult
 
 __all__ = ("UNANSWERED_WARNING_AFTER", "Execution", "ExecutionDriver", "ExecutionEvent", "open_execution")
@@ -261,6 +262,8 @@ class ExecutionDriver:
     def __init__(self, state: _State, execution: Execution) -> None:
         self._state = state
         self.execution = execution
+        self.marks = ReceivedMarks()
+        """The kernel's output marks read so far; the output collector adds them (ipybox._marks)."""
 
     def on_delivered(self, callback: Callable[[Execution], None]) -> None:
         """Call ``callback`` once, when the outcome has first been delivered to a consumer."""
@@ -298,13 +301,17 @@ class ExecutionDriver:
         approvals[request.id] = request
         return request
 
-    async def ask(self, request: ApprovalRequest, limit: float | None) -> ApprovalDecision:
+    async def ask(
+        self, request: ApprovalRequest, limit: float | None, *, after_mark: int | None = None
+    ) -> ApprovalDecision:
         """Surface ``request`` as an event and wait for the application's decision.
 
-        The execution's clock stands still meanwhile (see `within_budget`). Past ``limit`` the call
-        is rejected and the code goes on; past the execution's ``ttl`` the whole execution is
-        cancelled.
+        With ``after_mark``, the request comes only after the kernel output up to that mark (for at
+        most `OUTPUT_MARK_WAIT`; see ipybox._marks). The execution's clock stands still while the
+        decision is pending (see `within_budget`). Past ``limit`` the call is rejected and the code
+        goes on; past the execution's ``ttl`` the whole execution is cancelled.
         """
+        await self.marks.wait_for(after_mark)
         state, ttl_given = self._state, self.execution.ttl
         _add(state, request)
         self._pending_by(1)

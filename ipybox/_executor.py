@@ -617,7 +617,7 @@ class CodeExecutor:
             server=server,
             annotations=annotations,
         )
-        return await self._decide(driver, request)
+        return await self._decide(driver, request, after_mark=call.mark)
 
     async def _ask_network(self, host: str, port: int, execution_id: str) -> ApprovalDecision:
         driver = self._current
@@ -627,11 +627,14 @@ class CodeExecutor:
         request = driver.new_request(NetworkRequest, **fields, execution_id=execution_id)
         return await self._decide(driver, request)
 
-    async def _decide(self, driver: ExecutionDriver, request: ApprovalRequest) -> ApprovalDecision:
+    async def _decide(
+        self, driver: ExecutionDriver, request: ApprovalRequest, *, after_mark: int | None = None
+    ) -> ApprovalDecision:
         own = driver.execution.policy
         decision = await decide_by_policy(self.approval if own is None else own, request)
         if decision is None:
-            return await driver.ask(request, self.timeouts.approval)
+            # Shown to the application: after what the code printed before the call (ipybox._marks).
+            return await driver.ask(request, self.timeouts.approval, after_mark=after_mark)
         request.decide(decision)
         return decision
 

@@ -14,7 +14,7 @@ from typing import Any, Literal, cast
 
 from ._exceptions import UsageError
 from ._execution import ExecutionDriver
-from ._kernel import Display, Dropped, Error, KernelEvent, Reply, Stream, strip_ansi
+from ._kernel import Display, Dropped, Error, KernelEvent, Mark, Reply, Stream, strip_ansi
 from ._results import IMAGE_TYPES, CodeExecutionChunk, CodeExecutionResult, Image, Output
 from ._workspace import write_file
 
@@ -84,6 +84,9 @@ class OutputCollector:
             case Dropped(size=size):
                 # Dropped unread by the host, so counted in bytes as sent rather than in characters.
                 self.truncated += size
+            case Mark(id=mark):
+                # Every chunk the kernel sent before the mark has been emitted by now.
+                self._driver.marks.add(mark)
 
     def _save_images(self, data: Mapping[str, Any]) -> None:
         for mime, suffix in IMAGE_TYPES.items():

@@ -39,7 +39,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._client import (
+from ._client import acall_tool, call_tool
+from ._errors import (
     MCPServerCrashed,
     MCPServerStartError,
     ToolCallError,
@@ -49,8 +50,6 @@ from ._client import (
     ToolNotFound,
     ToolOutput,
     ToolServerUnavailable,
-    acall_tool,
-    call_tool,
 )
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-from ._client import EXECUTION_ENV
+from ._transport import EXECUTION_ENV
 
 
 def carry_execution_context(kernel: Any) -> None:

@@ -14,7 +14,10 @@ import os
 import resource
 import sys
 import traceback
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from ._stream import FdDrain
 
 # Marks the display message that reports how much output the kernel dropped for one execution.
 TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
@@ -276,13 +279,16 @@ def _initialize(app: Any, rest: list[str], output: int | None, message_bytes: in
 
 
 def prepare(
-    shell: Any, kernel: Any, session: Any, output: int | None, message_bytes: int | None, *, drain: Any
+    shell: Any, kernel: Any, session: Any, output: int | None, message_bytes: int | None, *, drain: FdDrain | None
 ) -> None:
     """Hook ipybox's per-execution guards into a kernel: local ones at launch, remote ones by a cell.
 
-    ``drain`` runs after each execution, before the output guard reports (None: nothing to drain).
+    ``drain`` runs after each execution, before the output guard reports, and before each tool
+    call's output mark (None: nothing to drain).
     """
     from ._context import announce_execution, carry_execution_context
+    from ._marks import OutputMarks
+    from ._transport import set_output_mark
 
     # Threads keep the cell that started them, so their output and tool calls are not taken for
     # those of the cell that runs when they print or call.
@@ -291,6 +297,10 @@ def prepare(
     if drain is not None:
         # Before the output guard's report, which counts what the execution printed.
         shell.events.register("post_execute", drain)
+    # Before the output guard wraps the session's send, so that what the guard drops is not counted.
+    marks = OutputMarks(kernel, session, (sys.stdout, sys.stderr), drain.take if drain is not None else None)
+    shell.events.register("pre_execute", marks.begin)
+    set_output_mark(marks.before_call)
     if output is not None:
         guard = _OutputGuard(session, output, message_bytes)
         shell.events.register("pre_execute", guard.reset)

@@ -26,7 +26,7 @@ import threading
 import uuid
 from typing import Any
 
-from ._client import TRANSPORT_ENV
+from ._transport import TRANSPORT_ENV
 
 __all__ = ("COMM_ID", "REPLY_TYPE", "install", "round_trip")
 
@@ -85,7 +85,7 @@ def install(output: int | None, message_bytes: int | None) -> None:
 def round_trip(server_name: str, tool_name: str, line: bytes, abort: Any) -> bytes | None:
     """Send one request line to the host and return its reply line (None: cancelled).
 
-    ``abort`` is the caller's `ipybox_kernel._client._Abort` or None.
+    ``abort`` is the caller's `ipybox_kernel._transport.Abort` or None.
 
     Raises:
         ValueError: The request is larger than the host takes from this kernel (the message says so).

@@ -146,15 +146,21 @@ class QuickFlushStream(OutStream):
             with lock:
                 self.renew_fd_pipe()
 
-    def take_fd_output(self) -> None:
-        """Move what waits in the pipe into the stream now."""
+    def take_fd_output(self, *, read: bool = True) -> None:
+        """Move what waits in the pipe into the stream now.
+
+        With ``read=False``, only wait until the watcher thread has put into the stream what it has
+        read already: it reads and writes holding the lock, so a pipe that just looked empty may
+        have been emptied by it a moment ago, its text not yet in the stream.
+        """
         lock = self._fd_lock
         fid = self.fd_pipe
         # Not in a forked child: the watcher thread is not there (it may have held the lock when
         # the process forked), and the pipe is the parent's to read.
         if fid is not None and lock is not None and self._is_master_process():
             with lock:
-                self._move_fd_output(fid)
+                if read:
+                    self._move_fd_output(fid)
 
     def _move_fd_output(self, fid: int) -> bool:
         """Move everything the pipe holds into the stream (and on to the kernel's own descriptor,
@@ -196,15 +202,23 @@ class FdDrain:
     def __call__(self, *_: Any) -> None:
         if not self._streams:
             return
-        by_pipe = {cast("int", stream.fd_pipe): stream for stream in self._streams}
-        # A poll object is only a list until poll() runs: building one per execution costs no system call.
-        poller = select.poll()
-        for fid in by_pipe:
-            poller.register(fid, select.POLLIN)
-        for fid, _events in poller.poll(0):
-            by_pipe[fid].take_fd_output()
+        self.take()
         last_pid = os.pread(self._last_pid_file, 32, 0) if self._last_pid_file is not None else None
         if last_pid is None or last_pid != self._last_pid:
             for stream in self._streams:
                 stream.renew_fd_pipe_if_master()
         self._last_pid = last_pid
+
+    def take(self) -> None:
+        """Move what waits in the pipes into the streams now (also before each tool call's output
+        mark, ipybox_kernel._marks)."""
+        if not self._streams:
+            return
+        by_pipe = {cast("int", stream.fd_pipe): stream for stream in self._streams}
+        # A poll object is only a list until poll() runs: building one per execution costs no system call.
+        poller = select.poll()
+        for fid in by_pipe:
+            poller.register(fid, select.POLLIN)
+        ready = {fid for fid, _events in poller.poll(0)}
+        for fid, stream in by_pipe.items():
+            stream.take_fd_output(read=fid in ready)

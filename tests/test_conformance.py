@@ -170,6 +170,58 @@ async def test_tool_calls_from_threads_run_at_once_each_with_its_own_approval(ex
     assert result.text == "[1, 2, 3, 4]\n" and len(requests) == 4
 
 
+# Kernel code that sends a line of output for call ``i`` (before the call; ``greet`` is imported).
+OUTPUT_BEFORE_CALL = {
+    "print": "print(f'line {i}')\n    greet.run(greet.Params(name=str(i)))",
+    "stderr": "print(f'line {i}', file=sys.stderr)\n    greet.run(greet.Params(name=str(i)))",
+    "display": "display({'text/plain': f'line {i}'}, raw=True)\n    greet.run(greet.Params(name=str(i)))",
+    "print, then the async twin": "print(f'line {i}')\n    await greet.arun(greet.Params(name=str(i)))",
+    "os.write to fd 1": "os.write(1, f'line {i}\\n'.encode())\n    greet.run(greet.Params(name=str(i)))",
+    "a subprocess": "subprocess.run(['echo', f'line {i}'])\n    greet.run(greet.Params(name=str(i)))",
+}
+# Output through file descriptors 1 and 2 is drained before a call only by the local kernel's streams
+# (ipybox_kernel._stream); a remote kernel's are ipykernel's own.
+FD_OUTPUT = {"os.write to fd 1", "a subprocess"}
+# Calls per cell: on the code before the output marks, the request overtook its line nearly every time.
+ORDERED_CALLS = 50
+
+
+async def calls_after_output(ex: CodeExecutor, statements: str) -> list[str]:
+    """Run ORDERED_CALLS of ``statements`` (output for call i, then call i) under "ask", accepting
+    each request; for each request, the output that had arrived before it."""
+    code = (
+        "import os, subprocess, sys\n"
+        "from mcptools.test import greet\n"
+        f"for i in range({ORDERED_CALLS}):\n"
+        f"    {statements}\n"
+    )
+    seen: list[str] = []
+    text = ""
+    with anyio.fail_after(RECOVERY):
+        async for event in ex.execute(code):
+            if isinstance(event, CodeExecutionChunk):
+                text += event.text
+            elif isinstance(event, ApprovalRequest):
+                seen.append(text)
+                await event.accept()
+    return seen
+
+
+def lines_up_to(last: int) -> str:
+    return "".join(f"line {i}\n" for i in range(last + 1))
+
+
+@pytest.mark.parametrize("output", OUTPUT_BEFORE_CALL)
+async def test_output_sent_before_each_tool_call_arrives_before_its_approval_request(
+    ex: CodeExecutor, output: str
+) -> None:
+    if output in FD_OUTPUT and ex.gateway is not None:
+        pytest.skip("fd output is ordered before a call by the local kernel's streams only")
+    seen = await calls_after_output(ex, OUTPUT_BEFORE_CALL[output])
+    late = [i for i, text in enumerate(seen) if text != lines_up_to(i)]
+    assert (len(seen), late) == (ORDERED_CALLS, [])
+
+
 async def test_an_interrupt_while_a_call_waits_for_approval_cancels_it_and_the_next_call_works(
     ex: CodeExecutor,
 ) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ._client import SANDBOX_SOCKET_DIR, Kernel
 from ._handle import KernelHandle
-from ._messages import Display, Dropped, Error, KernelEvent, Reply, Stream, message_limit, strip_ansi
+from ._messages import Display, Dropped, Error, KernelEvent, Mark, Reply, Stream, message_limit, strip_ansi
 from ._process import bytecode_missing, default_python
 
 __all__ = (
@@ -24,6 +24,7 @@ __all__ = (
     "Kernel",
     "KernelEvent",
     "KernelHandle",
+    "Mark",
     "Reply",
     "Stream",
     "bytecode_missing",

@@ -25,6 +25,7 @@ __all__ = (
     "Error",
     "Inbox",
     "KernelEvent",
+    "Mark",
     "Reply",
     "Stream",
     "decode",
@@ -47,8 +48,12 @@ _MESSAGE_OVERHEAD = 256 * 1024
 _MAX_HEADER_BYTES = 64 * 1024
 # Output messages: counted against the execution's byte budget, and dropped beyond it.
 OUTPUT_TYPES = frozenset({"stream", "display_data", "execute_result"})
+# The kernel's output mark before a tool call (ipybox_kernel._marks; keep in step).
+MARK_TYPE = "ipybox_mark"
+# A mark's content is ``{"mark": <int>}``; one larger was not made by ipybox_kernel and is not parsed.
+_MAX_MARK_BYTES = 64
 # Everything the host reads; other messages (execute_input, comms, ...) are dropped unparsed.
-READ_TYPES = OUTPUT_TYPES | {"error", "execute_reply", "status", "kernel_info_reply"}
+READ_TYPES = OUTPUT_TYPES | {"error", "execute_reply", "status", "kernel_info_reply", MARK_TYPE}
 # Separates ZMQ routing identities from the signed parts of a Jupyter message.
 _DELIMITER = b"<IDS|MSG>"
 
@@ -92,7 +97,18 @@ class Dropped:
     size: int
 
 
-KernelEvent = Stream | Display | Error | Reply | Dropped
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """The kernel's mark behind the output a cell sent before a tool call (ipybox._marks).
+
+    Attributes:
+        id: The mark's number, which the tool request names.
+    """
+
+    id: int
+
+
+KernelEvent = Stream | Display | Error | Reply | Dropped | Mark
 
 
 def message_limit(output_chars: int) -> int:
@@ -209,6 +225,11 @@ def parse(msg: dict[str, Any]) -> KernelEvent | None:
             status if status in ("ok", "error", "aborted") else "error",
             content.get("execution_count"),
         )
+    if kind == MARK_TYPE:
+        mark = content.get("mark")
+        # bool is an int too; the bounds are ToolRequest.mark's.
+        if type(mark) is int and 1 <= mark < 2**63:
+            return Mark(mark)
     return None
 
 
@@ -243,7 +264,7 @@ def decode(
         return None
     inbox = waiters.get(cast("dict[str, object]", parent_header).get("msg_id"))  # pyright: ignore[reportArgumentType]
     kind = cast("dict[str, object]", header_fields).get("msg_type")
-    if inbox is None or kind not in READ_TYPES:
+    if inbox is None or kind not in READ_TYPES or (kind == MARK_TYPE and len(content) > _MAX_MARK_BYTES):
         return None
     size = sum(map(len, frames))
     output = kind in OUTPUT_TYPES

@@ -1,0 +1,124 @@
+"""What a tool call from kernel code returns, and the exceptions it raises when it returns nothing.
+
+Standard library only, like the rest of ``ipybox_kernel``. The error kinds mirror the host's
+``ipybox._channel.ErrorKind``; ``ipybox_kernel._client`` turns each reply into one of these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = (
+    "MCPServerCrashed",
+    "MCPServerStartError",
+    "ToolCallError",
+    "ToolCallRejected",
+    "ToolCallTimeout",
+    "ToolExecutionError",
+    "ToolNotFound",
+    "ToolOutput",
+    "ToolServerUnavailable",
+)
+
+
+class ToolCallError(Exception):
+    """A tool call did not return a result.
+
+    Attributes:
+        server_name: The MCP server the call was for.
+        tool_name: The tool the call was for.
+        message: What went wrong, naming the server and tool.
+    """
+
+    def __init__(self, server_name: str, tool_name: str, message: str) -> None:
+        super().__init__(message)
+        self.server_name = server_name
+        self.tool_name = tool_name
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses take extra keyword arguments, so rebuild from the instance dict.
+        return (_rebuild_error, (type(self), self.message, dict(self.__dict__)))
+
+
+def _rebuild_error(cls: type[ToolCallError], message: str, state: dict[str, Any]) -> ToolCallError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
+
+class ToolCallRejected(ToolCallError):
+    """The application did not approve the call; it was not made.
+
+    Attributes:
+        reason: The reason the application gave, if any.
+    """
+
+    def __init__(self, server_name: str, tool_name: str, message: str, *, reason: str | None = None) -> None:
+        super().__init__(server_name, tool_name, message)
+        self.reason = reason
+
+
+class ToolServerUnavailable(ToolCallError):
+    """The kernel cannot reach the host's tool server (not configured, stopped, or refused)."""
+
+
+class ToolNotFound(ToolCallError, LookupError):
+    """No MCP server of that name is registered, or the server has no tool of that name."""
+
+
+class ToolExecutionError(ToolCallError):
+    """The tool ran and reported an error (MCP ``isError``), or the server refused the call."""
+
+
+class ToolCallTimeout(ToolCallError, TimeoutError):
+    """The MCP call took longer than the executor's tool call timeout.
+
+    Attributes:
+        timeout: The timeout that was exceeded, in seconds.
+    """
+
+    def __init__(self, server_name: str, tool_name: str, message: str, *, timeout: float | None = None) -> None:
+        super().__init__(server_name, tool_name, message)
+        self.timeout = timeout
+
+
+class MCPServerStartError(ToolCallError):
+    """The MCP server could not be started or connected to.
+
+    Attributes:
+        output: The last lines the server wrote to stderr, if any.
+    """
+
+    def __init__(self, server_name: str, tool_name: str, message: str, *, output: str | None = None) -> None:
+        super().__init__(server_name, tool_name, message)
+        self.output = output
+
+
+class MCPServerCrashed(ToolCallError):
+    """The connection to the MCP server ended during the call; the next call starts it again.
+
+    Attributes:
+        output: The last lines the server wrote to stderr, if any.
+    """
+
+    def __init__(self, server_name: str, tool_name: str, message: str, *, output: str | None = None) -> None:
+        super().__init__(server_name, tool_name, message)
+        self.output = output
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """The result of a tool call.
+
+    Attributes:
+        structured: The MCP ``structuredContent``, when the tool returned any.
+        text: The text content items, joined with newlines.
+        content: Every MCP content item (text, image, audio, resource) as MCP wire JSON.
+    """
+
+    structured: dict[str, Any] | None
+    text: str
+    content: list[dict[str, Any]]

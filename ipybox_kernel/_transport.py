@@ -1,0 +1,279 @@
+"""How a tool call's request reaches the host's ToolServer and its reply comes back.
+
+Standard library only: the kernel must not pay for (or be able to misuse) an MCP client. The host
+sets ``IPYBOX_TOOL_SOCKET`` and ``IPYBOX_TOOL_TOKEN`` on the kernel; each call sends one line of JSON
+(server name, tool name, arguments, the running cell's id, a sequence number and, when the kernel
+marked its output for it, the mark) and reads one line back. The wire format is described in
+``ipybox/_channel.py``; keep the two in step. A kernel on a remote gateway carries the same lines
+over the kernel protocol instead (``ipybox_kernel._remote``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._errors import ToolCallError, ToolServerUnavailable
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
+__all__ = (
+    "EXECUTION_ENV",
+    "SOCKET_ENV",
+    "TOKEN_ENV",
+    "TRANSPORT_ENV",
+    "Abort",
+    "call_executor",
+    "round_trip",
+    "set_output_mark",
+)
+
+SOCKET_ENV = "IPYBOX_TOOL_SOCKET"
+TOKEN_ENV = "IPYBOX_TOOL_TOKEN"
+# The running cell's id, for a subprocess (it has no IPython to ask); set by ipybox_kernel._context.
+EXECUTION_ENV = "IPYBOX_EXECUTION"
+# Set to "kernel" in a kernel on a remote gateway: calls travel over the kernel protocol instead.
+TRANSPORT_ENV = "IPYBOX_TOOL_TRANSPORT"
+
+# The host refuses longer request lines (ipybox._channel.MAX_LINE_BYTES); fail before sending.
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+# Idle connections kept for reuse; more would only hold host connection slots without a call.
+_IDLE_CONNECTIONS = 8
+# Threads that carry acall_tool calls; bounds how many awaited calls are in flight at once.
+_ASYNC_WORKERS = 32
+
+
+class _Connection:
+    """One connection to the tool server, used by one call at a time."""
+
+    def __init__(self, path: str) -> None:
+        self.pid = os.getpid()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.sock.connect(path)
+        except BaseException:
+            self.sock.close()
+            raise
+        self.reader = self.sock.makefile("rb")
+
+    def reusable(self) -> bool:
+        """Still ours and open: the host has not closed it and sent nothing unasked."""
+        if self.pid != os.getpid():
+            return False
+        try:
+            self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+class _Abortable(Protocol):
+    """What a call is carried on: a socket connection, or a remote call (ipybox_kernel._remote)."""
+
+    def abort(self) -> None: ...
+
+
+class Abort:
+    """Lets an awaiting task cancel a call that a worker thread is carrying."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._connection: _Abortable | None = None
+        self.aborted = False
+
+    def attach(self, connection: _Abortable) -> bool:
+        with self._lock:
+            self._connection = connection
+            return not self.aborted
+
+    def abort(self) -> None:
+        with self._lock:
+            self.aborted = True
+            if self._connection is not None:
+                self._connection.abort()
+
+
+# Built once: json.dumps with any option set builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+_pool: list[_Connection] = []
+_pool_lock = threading.Lock()
+_seq = itertools.count(1)
+_async_executor: ThreadPoolExecutor | None = None
+# Set by ipybox_kernel._marks in a kernel: flushes the output printed so far and returns the mark
+# the host waits for before it shows the call for approval (None: nothing to wait for).
+_output_mark: Callable[[str | None], int | None] | None = None
+
+
+def set_output_mark(mark: Callable[[str | None], int | None]) -> None:
+    """Call ``mark(execution)`` before each request is sent and send the mark it returns with it."""
+    global _output_mark
+    _output_mark = mark
+
+
+def _after_fork() -> None:
+    # A forked child must not share its parent's connections, nor inherit a lock held by another thread.
+    global _pool_lock, _async_executor
+    _pool_lock = threading.Lock()
+    for connection in _pool:
+        connection.close()  # closes the child's copies only; the parent's connections stay open
+    _pool.clear()
+    _async_executor = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def call_executor() -> ThreadPoolExecutor:
+    """The threads that carry ``acall_tool`` calls."""
+    global _async_executor
+    with _pool_lock:
+        if _async_executor is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _async_executor = ThreadPoolExecutor(_ASYNC_WORKERS, thread_name_prefix="ipybox-tool-call")
+        return _async_executor
+
+
+def _checkout(path: str) -> _Connection:
+    with _pool_lock:
+        while _pool:
+            connection = _pool.pop()
+            if connection.reusable():
+                return connection
+            connection.close()
+    return _Connection(path)
+
+
+def _checkin(connection: _Connection) -> None:
+    with _pool_lock:
+        if len(_pool) < _IDLE_CONNECTIONS and connection.pid == os.getpid():
+            _pool.append(connection)
+            return
+    connection.close()
+
+
+def round_trip(
+    server_name: str,
+    tool_name: str,
+    arguments: dict[str, Any] | None,
+    execution: str | None,
+    abort: Abort | None,
+) -> bytes:
+    """Send one request and return the host's reply line.
+
+    Raises:
+        ToolServerUnavailable: The tool server cannot be reached, or hung up during the call.
+        ToolCallError: The request cannot be sent (arguments), or the call was cancelled.
+    """
+    path = os.environ.get(SOCKET_ENV)
+    token = os.environ.get(TOKEN_ENV)
+    remote = os.environ.get(TRANSPORT_ENV) == "kernel"
+    if not (path or remote) or not token:
+        raise ToolServerUnavailable(
+            server_name,
+            tool_name,
+            f"tool calls are not available in this kernel: {SOCKET_ENV} and {TOKEN_ENV} are not set "
+            "(only kernels started by an ipybox CodeExecutor can call MCP tools)",
+        )
+    if arguments is None:
+        arguments = {}
+    elif not isinstance(arguments, dict):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(f"arguments for tool {tool_name!r} must be a dict, got {type(arguments).__name__}")
+    request: dict[str, Any] = {
+        "token": token,
+        "seq": next(_seq),
+        "execution": execution,
+        "server": server_name,
+        "tool": tool_name,
+        "arguments": arguments,
+    }
+    mark = _output_mark(execution) if _output_mark is not None else None
+    if mark is not None:
+        request["mark"] = mark
+    try:
+        line = _ENCODER.encode(request).encode() + b"\n"
+    except (TypeError, ValueError) as exc:
+        raise ToolCallError(
+            server_name, tool_name, f"the arguments for tool {tool_name!r} are not JSON-serializable: {exc}"
+        ) from None
+    if len(line) > MAX_REQUEST_BYTES:
+        raise ToolCallError(
+            server_name,
+            tool_name,
+            f"the arguments for tool {tool_name!r} are {len(line)} bytes as JSON; the limit is "
+            f"{MAX_REQUEST_BYTES} bytes (pass large data as a file in the workspace)",
+        )
+    if remote:
+        return _remote_round_trip(server_name, tool_name, line, abort)
+    assert path is not None
+    return _socket_round_trip(server_name, tool_name, path, line, abort)
+
+
+def _socket_round_trip(server_name: str, tool_name: str, path: str, line: bytes, abort: Abort | None) -> bytes:
+    try:
+        connection = _checkout(path)
+    except OSError as exc:
+        raise ToolServerUnavailable(
+            server_name,
+            tool_name,
+            f"cannot reach the tool server at {path!r} ({exc.strerror or exc}); "
+            "the executor that started this kernel may have stopped",
+        ) from None
+    reply_line = b""
+    try:
+        if abort is not None and not abort.attach(connection):
+            raise ToolCallError(server_name, tool_name, f"the call to tool {tool_name!r} was cancelled")
+        connection.sock.sendall(line)
+        reply_line = connection.reader.readline()
+    except OSError as exc:
+        reply_line = b""
+        error: OSError | None = exc
+    else:
+        error = None
+    finally:
+        # A connection interrupted mid-call (KeyboardInterrupt, cancel) may still get a late reply.
+        if reply_line.endswith(b"\n"):
+            _checkin(connection)
+        else:
+            connection.close()
+    if not reply_line.endswith(b"\n"):
+        detail = f" ({error.strerror or error})" if error is not None else ""
+        raise ToolServerUnavailable(
+            server_name,
+            tool_name,
+            f"the tool server closed the connection during the call to tool {tool_name!r}{detail}",
+        )
+    return reply_line
+
+
+def _remote_round_trip(server_name: str, tool_name: str, line: bytes, abort: Abort | None) -> bytes:
+    """The call over the kernel protocol, for a kernel on a remote gateway (see ipybox_kernel._remote)."""
+    from ._remote import round_trip as remote_round_trip
+
+    try:
+        reply_line = remote_round_trip(server_name, tool_name, line, abort)
+    except ValueError as exc:
+        raise ToolCallError(server_name, tool_name, str(exc)) from None
+    except RuntimeError as exc:
+        raise ToolServerUnavailable(server_name, tool_name, str(exc)) from None
+    if reply_line is None:
+        raise ToolCallError(server_name, tool_name, f"the call to tool {tool_name!r} was cancelled")
+    return reply_line
