@@ -16,7 +16,8 @@ times whole calls from a real kernel; this one takes the path apart, with no ker
   through the generated module (``get_sum.run(get_sum.Params(...))``) as kernel code does.
 - ``kernel``: the same calls timed inside a `CodeExecutor`'s kernel (default sandbox,
   ``approval="auto"``): an unknown server (answered before the gate), the ``ipybox`` built-in
-  refusing empty arguments (after the gate), the stub and the generated module.
+  refusing empty arguments (after the gate), the same after a ``print()`` (the output is flushed and
+  marked before the request, ipybox_kernel._marks), the stub and the generated module.
 
 Everything is reported as medians in ms over ``--calls`` calls after a warm-up.
 """
@@ -254,9 +255,14 @@ def _builtin(i):
     except _k.ToolExecutionError:
         pass
 
+def _printed_builtin(i):
+    print(i)
+    _builtin(i)
+
 print(_json.dumps({{
     "kernel: stub -> unknown server (no gate)": _median_ms(_unknown, {calls}),
     "kernel: stub -> host built-in (gate)": _median_ms(_builtin, {calls}),
+    "kernel: print(), stub -> host built-in": _median_ms(_printed_builtin, {calls}),
     "kernel: stub -> server-everything": _median_ms(
         lambda i: _k.call_tool("everything", "get-sum", {{"a": i, "b": 1}}), {calls}),
     "kernel: generated get_sum.run()": _median_ms(lambda i: _get_sum.run(_get_sum.Params(a=i, b=1)), {calls}),

@@ -10,7 +10,7 @@ printed to explain it; in a loop of ``print`` + call it did so nearly every time
 So before a request is sent, `OutputMarks.before_call`
 
 1. moves what waits in the fd 1/2 pipes into the streams (local kernels: ``ipybox_kernel._stream``),
-2. flushes both streams, which queues their messages on the IOPub thread,
+2. queues what both streams buffer as messages on the IOPub thread,
 3. queues an ``ipybox_mark`` message ``{"mark": n}`` with the cell's parent header behind them,
 
 and the request carries ``"mark": n``. IOPub keeps the order in which messages were queued, so once
@@ -53,7 +53,7 @@ class OutputMarks:
     Args:
         kernel: The running ipykernel.
         session: Its session, whose ``send`` every IOPub message goes through.
-        streams: ``sys.stdout`` and ``sys.stderr``, flushed before each mark.
+        streams: ``sys.stdout`` and ``sys.stderr``, whose buffered output is queued before each mark.
         drain: Moves what waits in the fd 1/2 pipes into the streams; None where it cannot.
     """
 
@@ -61,7 +61,8 @@ class OutputMarks:
         self._kernel = kernel
         self._iopub = kernel.iopub_socket
         self._send: Callable[..., Any] = session.send
-        self._streams = streams
+        # ipybox's streams queue their output without waiting for the IOPub thread; others are flushed.
+        self._send_output = [getattr(stream, "send_buffered", stream.flush) for stream in streams]
         self._drain = drain
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -103,8 +104,8 @@ class OutputMarks:
             return None
         if self._drain is not None:
             self._drain()
-        for stream in self._streams:
-            stream.flush()
+        for send in self._send_output:
+            send()
         with self._lock:
             cell, mark, last_output = self._latest
             if cell == execution and last_output == self._last_output:
