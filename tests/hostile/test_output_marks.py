@@ -10,14 +10,14 @@ process, which runs the executor.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import anyio
 import pytest
 from memory_support import reset_resident_peak, resident, resident_peak
 
-from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutionResult, CodeExecutor
+from ipybox import Approval, ApprovalRequest, CodeExecutionChunk, CodeExecutionResult, CodeExecutor
 from ipybox._marks import OUTPUT_MARK_WAIT
 
 pytestmark = pytest.mark.anyio
@@ -107,12 +107,13 @@ async def test_a_request_whose_mark_is_missing_or_forged_is_shown_after_the_dead
     await calls_keep_their_order(executor)
 
 
-@pytest.mark.parametrize(
-    "approval",
-    [pytest.param("auto", id="auto"), pytest.param(lambda request: True, id="a callback")],
-)
+def approve(request: ApprovalRequest) -> bool:
+    return True
+
+
+@pytest.mark.parametrize("approval", [pytest.param("auto", id="auto"), pytest.param(approve, id="a callback")])
 async def test_a_call_decided_without_asking_does_not_wait_for_its_mark(
-    module_workspace: Path, tools_dir: Path, approval: str | Callable[[ApprovalRequest], bool]
+    module_workspace: Path, tools_dir: Path, approval: Approval
 ) -> None:
     code = (
         f"{RAW}\n"
