@@ -74,7 +74,8 @@ class Execution:
 
     Await it for the `CodeExecutionResult` (or the exception the code raised), or iterate it for
     `CodeExecutionChunk` and `ApprovalRequest` events as they happen, ending with the
-    `CodeExecutionResult`. The code runs whether or not anyone consumes it. Every event is kept,
+    `CodeExecutionResult`; a request comes after the chunks of the output the code sent before
+    its call. The code runs whether or not anyone consumes it. Every event is kept,
     so any number of consumers can iterate, each from the start or from any index
     (`events(start)`); iteration ends by raising the execution's exception, if it failed.
 
