@@ -45,7 +45,13 @@ class QuickFlushStream(OutStream):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Held by each flush from taking the buffers until their message is queued (see send_buffered).
         self._send_lock = threading.Lock()
+        # A child forked while another thread held it would wait for ever at its first flush (a
+        # forked child flushes by itself).
+        os.register_at_fork(after_in_child=self._new_send_lock)
         super().__init__(*args, **kwargs)  # pyright: ignore[reportUnknownMemberType]
+
+    def _new_send_lock(self) -> None:
+        self._send_lock = threading.Lock()
 
     def flush(self) -> None:
         # The order of the reads matters: a write fills the buffer and then sets _flush_pending; the

@@ -105,6 +105,29 @@ async def test_output_whose_timed_flush_is_under_way_when_the_cell_ends_is_not_l
     assert lost == []
 
 
+async def test_a_child_forked_while_a_flush_holds_the_streams_lock_can_still_print(executor: CodeExecutor) -> None:
+    # A flush holds the stream's send lock from taking the buffers until their message is queued
+    # (ipybox_kernel._stream). A child forked meanwhile must not keep it held: a forked child flushes
+    # by itself, and its first print would wait for ever.
+    code = (
+        "import os, select, sys\n"
+        "sys.stdout._send_lock.acquire()\n"
+        "try:\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        print('from the child', flush=True)\n"
+        "        os._exit(0)\n"
+        "finally:\n"
+        "    sys.stdout._send_lock.release()\n"
+        "exited = bool(select.select([os.pidfd_open(pid)], [], [], 20)[0])  # readable once it exits\n"
+        "if not exited:\n"
+        "    os.kill(pid, 9)\n"
+        "os.waitpid(pid, 0)\n"
+        "print('the child exited:', exited)"
+    )
+    assert (await executor.execute(code)).text.endswith("the child exited: True\n")
+
+
 async def test_output_written_straight_to_the_file_descriptors_belongs_to_its_execution(
     executor: CodeExecutor,
 ) -> None:
