@@ -93,7 +93,8 @@ class OutputMarks:
             self._latest = (_cell(self._kernel.get_parent()), None, self._last_output)
 
     def before_call(self, execution: str | None) -> int | None:
-        """Flush the output so far and return the mark the request must carry (None: no mark).
+        """Queue the cell's output so far on IOPub and return the mark the request must carry
+        (None: no mark).
 
         ``execution`` is the cell the request names; in a thread, the cell that started it.
         """

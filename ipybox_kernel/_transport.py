@@ -205,7 +205,10 @@ def round_trip(
         "tool": tool_name,
         "arguments": arguments,
     }
-    mark = _output_mark(execution) if _output_mark is not None else None
+    mark = None
+    # A stream that cannot send (closed at shutdown) must not fail the call: it goes on, unordered.
+    with contextlib.suppress(Exception):
+        mark = _output_mark(execution) if _output_mark is not None else None
     if mark is not None:
         request["mark"] = mark
     try:
