@@ -24,8 +24,9 @@ already follows all of the cell's output and the request carries it again. A loo
 prints nothing costs a flush check and a lock per call, not a message.
 
 Not covered: calls from forked children and subprocesses (they have no IOPub thread of the kernel's;
-their requests carry no mark), and output written to fd 1/2 in a remote kernel, whose streams are
-ipykernel's own: their pipe watcher cannot be drained on demand.
+their requests carry no mark); what a forked Python child prints, which ipykernel relays to the
+IOPub thread over a socket of its own, outside this order; and output written to fd 1/2 in a remote
+kernel, whose streams are ipykernel's own: their pipe watcher cannot be drained on demand.
 """
 
 from __future__ import annotations
