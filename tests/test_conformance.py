@@ -89,8 +89,9 @@ async def test_variables_persist_between_executions(ex: CodeExecutor) -> None:
 async def test_output_streams_while_the_code_runs_and_an_interrupt_reaches_it(ex: CodeExecutor) -> None:
     code = (
         "import threading\n"
-        "print('waiting', flush=True)\n"
         "try:\n"
+        # Inside the try: the interrupt may arrive before the wait begins.
+        "    print('waiting', flush=True)\n"
         "    threading.Event().wait()  # an event nothing sets: runs until interrupted\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted')"
