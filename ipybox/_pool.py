@@ -2,7 +2,7 @@
 
 Each pooled kernel is started with its own private directory (tool socket path, packages, import
 root) and its own tool token, exactly as an executor starts its kernel; the executor that takes it
-adopts both (`CodeExecutor._adopt`). A kernel is handed out once and never comes back: it has run
+adopts both (`KernelSide._adopt`). A kernel is handed out once and never comes back: it has run
 someone's code. The kernel's process stays owned by the pool's task group (one task per kernel holds
 its `Kernel.start` context), and the executor holds a `Lease` on it until it is done with it.
 """
@@ -363,7 +363,7 @@ class KernelPool:
         return self._spec(self.workspace, tools)
 
     def _writable(self, workspace: Path) -> list[Path]:
-        """Host directories the kernels can write to (as `CodeExecutor._kernel_writable`)."""
+        """Host directories the kernels can write to (as `KernelSide.kernel_writable`)."""
         extra = [Path(p) for p in self.sandbox.rw_paths] if self.sandbox is not None else []
         return [workspace, *extra]
 
