@@ -41,9 +41,9 @@ from mcp import types as mcp_types
 
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox._approval import ApprovalDecision, ApprovalRequest, decide_by_policy
-from ipybox._channel import ToolRequest, ToolResultReply
 from ipybox._mcp import StdioServer, open_session
-from ipybox._toolserver import ToolServer
+from ipybox._toolserver._channel import ToolRequest, ToolResultReply
+from ipybox._toolserver._server import ToolServer
 
 __all__ = ("main",)
 

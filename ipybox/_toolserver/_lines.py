@@ -3,7 +3,7 @@
 Everything here handles bytes from kernel code, which is untrusted: a line is bounded
 (`MAX_LINE_BYTES`), so is what all connections hold together (`MAX_BUFFERED_BYTES`), and a line's
 JSON is checked for depth and value count before anything parses it (`shape_problem`). What the
-lines mean is `ipybox._toolserver`'s business.
+lines mean is `._server`'s business.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
+from ipybox._exceptions import UsageError
+
 from ._channel import MAX_JSON_DEPTH, MAX_JSON_VALUES, ToolErrorReply, ToolResultReply, encode_reply
-from ._exceptions import UsageError
 
 __all__ = (
     "HANGUP_WATCH_AFTER",

@@ -1,7 +1,7 @@
 """The host side of the tool channel: MCP calls from the kernel, each one approved first.
 
 The sandboxed kernel has no network. Its only way to an MCP tool is the unix socket this
-`ToolServer` listens on (see `ipybox._channel` for the wire format). For each request the ToolServer
+`ToolServer` listens on (see `._channel` for the wire format). For each request the ToolServer
 
 1. checks the request's size and nesting and the executor's token (a wrong or missing one gets
    nothing run),
@@ -14,8 +14,8 @@ Nothing of a server is started or connected before a call to it has been approve
 not be able to start host processes by asking), so the gate sees a tool's annotations only once its
 server has listed its tools; for the first call to a server they are None.
 
-The bytes on the socket are `ipybox._toolsocket`'s business, the MCP sessions `ipybox._toolsessions`'s;
-every failure of a call passes through `ipybox._toolerrors.tool_errors` and becomes its error reply.
+The bytes on the socket are `._lines`'s business, the MCP sessions `._sessions`'s; every failure of
+a call passes through `._errors.tool_errors` and becomes its error reply.
 
 Everything on the socket comes from kernel code, which is untrusted: whatever one request or
 connection does ends in an error reply (or a closed connection) for it, never in an exception out
@@ -38,7 +38,10 @@ import anyio
 import anyio.abc
 from pydantic import ValidationError
 
-from ._approval import ApprovalDecision
+from ipybox._approval import ApprovalDecision
+from ipybox._exceptions import UsageError
+from ipybox._mcp import HttpServer, StdioServer
+
 from ._channel import (
     MAX_JSON_DEPTH,
     MAX_JSON_VALUES,
@@ -50,11 +53,8 @@ from ._channel import (
     ToolResultReply,
     encode_reply,
 )
-from ._exceptions import UsageError
-from ._mcp import HttpServer, StdioServer
-from ._toolerrors import ToolCallFailed, tool_errors
-from ._toolsessions import Sessions
-from ._toolsocket import (
+from ._errors import ToolCallFailed, tool_errors
+from ._lines import (
     HANGUP_WATCH_AFTER,
     MAX_BUFFERED_BYTES,
     Budget,
@@ -68,6 +68,7 @@ from ._toolsocket import (
     remove_socket,
     shape_problem,
 )
+from ._sessions import Sessions
 
 __all__ = ("HANGUP_WATCH_AFTER", "MAX_BUFFERED_BYTES", "MAX_CONNECTIONS", "BuiltinTool", "Gate", "ToolServer")
 
