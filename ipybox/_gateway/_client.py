@@ -50,7 +50,7 @@ from ipybox._kernel._messages import (
     message_limit,
 )
 from ipybox._toolserver._channel import MAX_JSON_VALUES
-from ipybox._toolserver._lines import shape_problem
+from ipybox._toolserver._request import shape_problem
 
 __all__ = ("RemoteKernel",)
 

@@ -40,7 +40,7 @@ import anyio.abc
 import h11
 
 from ipybox._approval import ApprovalDecision
-from ipybox._toolserver._lines import accept_one, bind_socket, remove_socket
+from ipybox._unixsocket import accept_one, bind_socket, remove_socket
 
 from ._policy import HOST_LABEL, IPAddress, Network, NetworkEvent, address_problem, normalize_host, parse_ip
 
