@@ -15,7 +15,6 @@ import anyio
 import anyio.abc
 
 from ._approval import Approval, ApprovalDecision, ApprovalRequest, check_approval, decide_by_policy
-from ._channel import ToolRequest
 from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings, check_seconds
 from ._exceptions import (
     ExecutionCancelled,
@@ -35,7 +34,8 @@ from ._packages import install_package
 from ._pool import KernelPool
 from ._running import run_execution
 from ._supervisor import KernelSupervisor
-from ._toolserver import ToolServer
+from ._toolserver._channel import ToolRequest
+from ._toolserver._server import ToolServer
 from ._workspace import copy_file, write_file
 from .network._policy import Network
 from .network._proxy import NetworkProxy

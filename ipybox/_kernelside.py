@@ -27,7 +27,7 @@ from ._kernelhome import link_tools_dir, new_home, resolve_tools_dir, restore_ho
 from ._kernelspec import KernelSpec, start_kernel
 from ._pool import KernelPool, Lease
 from ._tooldir import tools_dir_path
-from ._toolserver import ToolServer
+from ._toolserver._server import ToolServer
 from .network._proxy import NetworkProxy
 from .skills._store import SKILLS_PACKAGE, prepare_skills_dir, skills_dir_path
 

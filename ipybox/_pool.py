@@ -33,7 +33,7 @@ from ._kernel import Kernel
 from ._kernelhome import check_bytecode, new_home, resolve_tools_dir
 from ._kernelspec import KernelSpec, start_kernel
 from ._tooldir import prepare_tools_dir
-from ._toolsocket import bind_socket
+from ._unixsocket import bind_socket
 from .sandbox._sandbox import resolve_sandbox
 
 __all__ = ("KernelPool", "Lease")

@@ -35,7 +35,6 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from ipybox._channel import MAX_JSON_VALUES
 from ipybox._config import Limits
 from ipybox._exceptions import KernelConnectionLost, KernelStartError
 from ipybox._gateway._bridge import ToolBridge
@@ -50,7 +49,8 @@ from ipybox._kernel._messages import (
     execution_events,
     message_limit,
 )
-from ipybox._toolsocket import shape_problem
+from ipybox._toolserver._channel import MAX_JSON_VALUES
+from ipybox._toolserver._request import shape_problem
 
 __all__ = ("RemoteKernel",)
 
