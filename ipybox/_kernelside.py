@@ -161,13 +161,16 @@ class KernelSide:
             self.home, self.token = lease.home, lease.token
             if separate:
                 self.workspace, self._tools_given = lease.spec.workspace, lease.spec.tools_dir
-            listeners = Listeners(lease.listener, lease.net_listener if self._network else None)
-            for listener in (lease.listener, lease.net_listener):
-                # The servers' from now on (no proxy: nobody's, as the spec rules out); closed here too
-                # in case they never run (closing twice is harmless).
-                if listener is not None:
-                    stack.callback(listener.close)
+            tools, net = lease.listener, lease.net_listener
             lease.listener = lease.net_listener = None
+            if net is not None and not self._network:
+                net.close()  # as in `_adopt` (the specs rule this out)
+                net = None
+            for listener in (tools, net):
+                if listener is not None:
+                    # The servers' from now on; closed here too in case they never run (twice is harmless).
+                    stack.callback(listener.close)
+            listeners = Listeners(tools, net)
         else:
             self.home = new_home(None)
         # The one the executor has at the end: a kernel taken from a pool brings its own.
@@ -292,7 +295,9 @@ class KernelSide:
             if self._proxy is not None:
                 self._proxy.move(lease.home / NET_SOCKET, lease.token, listener=net)
             elif net is not None:
-                net.close()  # never served: a kernel without this executor's policy reaches nothing
+                # Never served, so that a forwarder without this executor's policy behind it reaches
+                # nothing (a listener nobody accepts on still takes connections into its backlog).
+                net.close()
             self._tools.move(lease.home / "tools.sock", lease.token, listener=lease.listener)
         except (OSError, UsageError) as exc:
             for name in moved:
