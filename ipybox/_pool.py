@@ -283,8 +283,11 @@ class KernelPool:
                 self._warned.add(tuple(differences))
                 logger.warning(
                     "the executor's kernel settings differ from its KernelPool's in %s; it starts its own "
-                    "kernel instead of taking a pooled one (create the pool with the executor's settings)",
+                    "kernel instead of taking a pooled one (create the pool with the executor's settings%s)",
                     ", ".join(differences),
+                    ": network=True for executors with a Network, False for those without"
+                    if "network" in differences
+                    else "",
                 )
             return None
         with anyio.move_on_after(self.timeouts.start):

@@ -194,4 +194,4 @@ async def test_an_executor_without_a_network_does_not_take_a_pooled_kernel_made_
                 assert await text(executor, names) == "[]\n"
         assert set(await full(pool)) == set(waiting)
     [warning] = [r.getMessage() for r in caplog.records if "differ from its KernelPool" in r.getMessage()]
-    assert "in network;" in warning
+    assert "in network;" in warning and "network=True for executors with a Network, False for those without" in warning
