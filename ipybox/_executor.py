@@ -109,7 +109,9 @@ class CodeExecutor:
             and unlisted ones are denied or asked as a `NetworkRequest` (needs the sandbox).
         pool: A `KernelPool` to take kernels from (the first one, and each one after `reset` or a
             kernel's death) instead of starting them. A pooled kernel is taken only if its settings
-            equal this executor's; otherwise the executor starts its own (and logs why, once). From
+            equal this executor's (with ``skills_dir`` or ``network``: a pool made with the same
+            ``skills_dir``, or with ``network=True``); otherwise the executor starts its own (and
+            logs why, once). From
             a pool with ``separate_workspaces``, the executor works in the kernel's own workspace and
             tools directory, not in ``workspace`` and ``tools_dir``.
         kernel: Where the kernel runs: None for a local kernel (sandboxed as ``sandbox`` says), or a
@@ -144,8 +146,11 @@ class CodeExecutor:
         self.gateway = check_gateway(kernel, sandbox)
         self.sandbox = resolve_sandbox(sandbox) if self.gateway is None else None
         if self.gateway is not None and (pool is not None or skills_dir is not None):
-            # A remote kernel is started by the gateway and cannot mount the host's skills directory.
-            raise UsageError("a GatewayKernel cannot be combined with pool or skills_dir; drop them")
+            raise UsageError(
+                "a GatewayKernel cannot be combined with pool or skills_dir: the gateway starts the kernel, "
+                "which cannot come from a KernelPool on this host nor mount its skills directory; drop them, "
+                "or drop kernel= to run the kernel here"
+            )
         self.network = check_network(network, self.sandbox)
         self._proxy: NetworkProxy | None = None
         self.limits = limits or Limits()
@@ -195,14 +200,14 @@ class CodeExecutor:
         side = self._side
         if self.sandbox is not None:
             check_bytecode()
-        listener = await side.begin(stack)
+        listeners = await side.begin(stack)
         assert side.home is not None
         self._tools = ToolServer(
             socket_path=side.home / "tools.sock",
             token=side.token,
             gate=self._gate,
             call_timeout=self.timeouts.tool,
-            listener=listener,
+            listener=listeners.tools,
         )
         self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
         if side.has_skills:
@@ -221,6 +226,7 @@ class CodeExecutor:
                 token=side.token,
                 running=lambda: self._current.execution.id if self._current is not None else None,
                 ask=self._ask_network,
+                listener=listeners.net,
             )
             await self._tg.start(self._proxy.run)
         side.serve(self._tools, self._proxy)

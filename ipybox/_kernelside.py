@@ -2,8 +2,8 @@
 
 Whether a kernel is started from the executor's `KernelSpec`, taken from a `KernelPool` or started
 on a gateway, it needs the same things from the host: the executor's private directory (tool socket,
-installed packages, import root), its tool token, and a tools and a skills directory checked again
-before every start. `KernelSide` owns all of them, so that `CodeExecutor` deals with executions,
+network proxy socket, installed packages, import root), its tool token, and a tools and a skills
+directory checked again before every start. `KernelSide` owns all of them, so that `CodeExecutor` deals with executions,
 tools and approvals only. Its `open` is the `KernelSupervisor`'s kernel opener.
 """
 
@@ -16,6 +16,7 @@ import shutil
 import socket
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from ._config import Limits, SandboxConfig
@@ -29,11 +30,21 @@ from ._pool import KernelPool, Lease
 from ._tooldir import tools_dir_path
 from ._toolserver._server import ToolServer
 from .network._proxy import NetworkProxy
+from .network._setup import NET_SOCKET
 from .skills._store import SKILLS_PACKAGE, prepare_skills_dir, skills_dir_path
 
-__all__ = ("KernelSide",)
+__all__ = ("KernelSide", "Listeners")
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """A pooled kernel's listening sockets, bound before it started (its sandbox mounts the files):
+    for the executor's tool server and network proxy to serve. None: bind their own."""
+
+    tools: socket.socket | None = None
+    net: socket.socket | None = None
 
 
 class KernelSide:
@@ -127,13 +138,13 @@ class KernelSide:
 
     # -- the first kernel -----------------------------------------------------------------
 
-    async def begin(self, stack: AsyncExitStack) -> socket.socket | None:
+    async def begin(self, stack: AsyncExitStack) -> Listeners:
         """Make the private directory, or take the first kernel from the pool with its own.
 
         The directory is removed, and a lease left unused is released, when ``stack`` closes.
 
         Returns:
-            The pooled kernel's listening tool socket, for the executor's tool server to serve.
+            The pooled kernel's listening sockets, for the executor's tool server and proxy to serve.
 
         Raises:
             UsageError: The tools directory cannot be trusted; the message names the fix.
@@ -142,7 +153,7 @@ class KernelSide:
         if not separate:
             self.check_tools_dir()
         lease = await self._pool._take(self.spec()) if self._pool is not None else None  # pyright: ignore[reportPrivateUsage]
-        listener = None
+        listeners = Listeners()
         if lease is not None:
             self._lease = lease
             stack.callback(self._drop_lease)
@@ -150,15 +161,21 @@ class KernelSide:
             self.home, self.token = lease.home, lease.token
             if separate:
                 self.workspace, self._tools_given = lease.spec.workspace, lease.spec.tools_dir
-            listener, lease.listener = lease.listener, None
-            if listener is not None:
-                # The tool server's from now on; closed here too in case it never runs (closing twice is harmless).
-                stack.callback(listener.close)
+            tools, net = lease.listener, lease.net_listener
+            lease.listener = lease.net_listener = None
+            if net is not None and not self._network:
+                net.close()  # as in `_adopt` (the specs rule this out)
+                net = None
+            for listener in (tools, net):
+                if listener is not None:
+                    # The servers' from now on; closed here too in case they never run (twice is harmless).
+                    stack.callback(listener.close)
+            listeners = Listeners(tools, net)
         else:
             self.home = new_home(None)
         # The one the executor has at the end: a kernel taken from a pool brings its own.
         stack.callback(lambda: shutil.rmtree(self.home, ignore_errors=True) if self.home else None)
-        return listener
+        return listeners
 
     def serve(self, tools: ToolServer, proxy: NetworkProxy | None) -> None:
         """The executor's tool server and network proxy, which follow the kernel's private directory."""
@@ -259,7 +276,8 @@ class KernelSide:
 
     def _adopt(self, lease: Lease) -> bool:
         """Move the private directory over to a pooled kernel's: its installed packages (into the
-        kernel's packages directory, which its sandbox mounts), its tool socket and token.
+        kernel's packages directory, which its sandbox mounts), its tool and proxy sockets and its
+        token, which the tool server and the proxy check from then on.
 
         False, with the lease released, if that failed: the caller starts a kernel of its own.
         """
@@ -270,6 +288,16 @@ class KernelSide:
             for name in os.listdir(old / "packages"):
                 os.rename(old / "packages" / name, lease.home / "packages" / name)
                 moved.append(name)
+            # The tool socket's file is there (a /tmp cleaner?) before anything moves; the proxy checks
+            # its own before it moves.
+            os.stat(lease.home / "tools.sock")
+            net, lease.net_listener = lease.net_listener, None
+            if self._proxy is not None:
+                self._proxy.move(lease.home / NET_SOCKET, lease.token, listener=net)
+            elif net is not None:
+                # Never served, so that a forwarder without this executor's policy behind it reaches
+                # nothing (a listener nobody accepts on still takes connections into its backlog).
+                net.close()
             self._tools.move(lease.home / "tools.sock", lease.token, listener=lease.listener)
         except (OSError, UsageError) as exc:
             for name in moved:

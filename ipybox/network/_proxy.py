@@ -38,6 +38,7 @@ import anyio
 import anyio.abc
 
 from ipybox._approval import ApprovalDecision
+from ipybox._exceptions import UsageError
 from ipybox._unixsocket import accept_one, bind_socket, remove_socket
 
 from ._http import Refused, Target, error_reply, read_head
@@ -80,10 +81,20 @@ class NetworkProxy:
         token: The secret the forwarder sends first on every connection.
         running: The id of the execution running now (None between executions).
         ask: Decides connections to unlisted destinations when the policy asks.
+        listener: A listening socket already bound at ``socket_path`` (a pooled kernel's, bound before
+            the kernel started so that its sandbox could mount it), served instead of binding one.
+            The proxy owns it from then on.
     """
 
     def __init__(
-        self, network: Network, *, socket_path: Path, token: str, running: Callable[[], str | None], ask: Asker
+        self,
+        network: Network,
+        *,
+        socket_path: Path,
+        token: str,
+        running: Callable[[], str | None],
+        ask: Asker,
+        listener: socket.socket | None = None,
     ) -> None:
         self.network = network
         self._socket_path = socket_path
@@ -94,6 +105,9 @@ class NetworkProxy:
         self._remembered: set[tuple[str, int]] = set()
         self._open = 0
         self._tg: anyio.abc.TaskGroup | None = None
+        self._given_listener = listener
+        # The cancel scope of each listener serving now (more than one after a rebind).
+        self._listeners: list[anyio.CancelScope] = []
 
     @property
     def socket_path(self) -> Path:
@@ -101,31 +115,68 @@ class NetworkProxy:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen and serve until cancelled; ready once the socket accepts connections."""
-        listener = bind_socket(self._socket_path)
-        inode = os.stat(self._socket_path).st_ino
+        listener, self._given_listener = self._given_listener or bind_socket(self._socket_path), None
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                tg.start_soon(self._accept, listener)
+                self._listen(listener, os.stat(self._socket_path).st_ino)
                 task_status.started()
         finally:
             self._tg = None
-            listener.close()
-            remove_socket(self._socket_path, inode)
+            self._listeners.clear()
+            listener.close()  # if it never got to serve; closing twice is harmless
 
     def rebind(self) -> None:
         """Bind the socket file again if it is gone (see `ToolServer.rebind`)."""
         if self._tg is None or self._socket_path.exists():
             return
-        self._tg.start_soon(self._serve_listener, bind_socket(self._socket_path))
+        listener = bind_socket(self._socket_path)
+        self._listen(listener, os.stat(self._socket_path).st_ino)
 
-    async def _serve_listener(self, listener: socket.socket) -> None:
-        inode = os.stat(self._socket_path).st_ino
+    # -- following the kernel (a pooled kernel comes with its own socket and token) ------------
+
+    def move(self, socket_path: Path, token: str, *, listener: socket.socket | None = None) -> None:
+        """Serve at ``socket_path`` with ``token`` from now on, for a kernel started with them, and
+        stop listening where the proxy listened before (see `ToolServer.move`).
+
+        Connections already past the token check stay until their execution ends; new ones must
+        bring ``token``. ``listener``, if given, is already bound there and is owned by the proxy.
+
+        Raises:
+            UsageError: The proxy is not running, or the socket path is unusable.
+            OSError: The socket could not be bound, or its file is gone.
+        """
+        if self._tg is None:
+            raise UsageError("move() needs a running NetworkProxy ('await task_group.start(proxy.run)')")
+        listener = listener or bind_socket(socket_path)
         try:
-            await self._accept(listener)
-        finally:
+            inode = os.stat(socket_path).st_ino
+        except OSError:
             listener.close()
-            remove_socket(self._socket_path, inode)
+            raise
+        old, self._listeners = self._listeners, []
+        self._socket_path, self._token = socket_path, token.encode()
+        self._listen(listener, inode)
+        for scope in old:
+            scope.cancel()
+
+    def _listen(self, listener: socket.socket, inode: int) -> None:
+        """Accept connections on ``listener`` until `move` or the end of `run`; then close it and
+        remove its socket file (``inode``, unless someone bound another there since)."""
+        assert self._tg is not None
+        path = self._socket_path
+        scope = anyio.CancelScope()
+        self._listeners.append(scope)
+
+        async def serve() -> None:
+            try:
+                with scope:
+                    await self._accept(listener)
+            finally:
+                listener.close()
+                remove_socket(path, inode)
+
+        self._tg.start_soon(serve)
 
     def end_execution(self, execution_id: str) -> None:
         """Close the execution's connections and forget its byte count."""
