@@ -285,6 +285,9 @@ async def test_an_image_without_ipybox_fails_the_start_naming_the_missing_module
     with anyio.fail_after(START_TIMEOUT), pytest.raises(KernelStartError) as info:
         async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, kernel=kernel, timeouts=timeouts) as executor:
             await executor.execute("1 + 1")
-    assert "No module named 'ipybox_kernel'" in str(info.value)
+    message = str(info.value)
+    assert "ModuleNotFoundError: No module named 'ipybox_kernel'" in message and "push_sources=False" in message
+    # Not the setup cell, which the traceback quotes: it holds the executor's tool token.
+    assert "IPYBOX_TOOL_TOKEN" not in message and "\x1b[" not in message
     # The kernel that could not be prepared was deleted on the gateway.
     assert set(pod_gateway.kernel_ids()) == before
