@@ -10,9 +10,9 @@ Kubernetes, behind a real Jupyter Kernel Gateway, driven with ``push_sources=Fal
   runtime does; bwrap's own ``--uid`` as root maps uid 1000 to the host's root, which owns and can
   read root's files), no capabilities and no_new_privs, a read-only root, a tmpfs ``/tmp`` of the
   emptyDir's size as the only writable place, the environment of the Dockerfile and the pod, own
-  pid/ipc/uts namespaces, and no user namespaces (``--disable-userns``, which RuntimeDefault seccomp
-  does in a pod). The network namespace is the host's: the gateway reaches the kernel's ZMQ ports on
-  127.0.0.1, as it reaches a pod's.
+  pid/ipc/uts namespaces, and no user namespaces (``--disable-userns``; in a pod, the RuntimeDefault
+  seccomp profile refuses them to a container without CAP_SYS_ADMIN). The network namespace is the
+  host's: the gateway reaches the kernel's ZMQ ports on 127.0.0.1, as it reaches a pod's.
 
 What needs a cluster stays unproven here: the image pull, Enterprise Gateway's launcher and its
 encrypted connection info, NetworkPolicy enforcement, seccomp RuntimeDefault, resource limits.
@@ -55,7 +55,7 @@ pytestmark = [
 # Where the kernel sees the image's venv and its connection file.
 IMAGE_VENV = "/opt/ipybox"
 CONNECTION_FILE = "/run/ipybox/connection.json"
-# uv resolves against the index, then links what its cache holds (scripts/setup.sh filled it).
+# uv resolves against the index, then copies what its cache holds (scripts/setup.sh filled it).
 INSTALL_TIMEOUT = 120.0
 # A kernel start under two sandboxes on a loaded 2-core machine; a failed start ends well before.
 START_TIMEOUT = 60.0
@@ -249,7 +249,7 @@ async def test_the_kernel_can_write_only_in_its_size_capped_tmp_and_cannot_make_
         "print(st.f_blocks * st.f_frsize)\n"
         # Both IPython's directory and the kernel's own files are in /tmp.
         "print(os.path.isdir(os.environ['IPYTHONDIR']))\n"
-        # unshare(CLONE_NEWUSER) in a process of its own: the kernel has threads, which it refuses anyway.
+        # unshare(CLONE_NEWUSER) in a process of its own: in the kernel's, which has threads, it always fails.
         "try_userns = 'import ctypes, errno; libc = ctypes.CDLL(None, use_errno=True); "
         "print(libc.unshare(0x10000000) == -1 and errno.errorcode[ctypes.get_errno()])'\n"
         "import subprocess, sys\n"
