@@ -13,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from approval_support import CATCH_REJECTED
 from servers.fixtures import stdio_server
 from servers.gateway import Gateway, relay, run_gateway
 
@@ -148,15 +149,7 @@ async def test_an_accepted_tool_call_returns_the_tools_result(ex: CodeExecutor) 
 
 
 async def test_a_rejected_tool_call_raises_tool_call_rejected_with_the_reason(ex: CodeExecutor) -> None:
-    code = (
-        "from ipybox_kernel import ToolCallRejected\n"
-        "from mcptools.test import delete_item\n"
-        "try:\n"
-        "    delete_item.run({'item_id': 'a1'})\n"
-        "except ToolCallRejected as e:\n"
-        "    print('caught:', e.reason)"
-    )
-    _, result = await run(ex, code, reject="not today")
+    _, result = await run(ex, CATCH_REJECTED, reject="not today")
     assert result.text == "caught: not today\n"
 
 

@@ -286,16 +286,22 @@ class RemoteKernel:
         raise KernelStartError(f"the kernel on the gateway was lost during start-up: {self.stop_reason}")
 
     async def _run_setup(self, cell: str) -> None:
-        errors = [
-            str(event)
-            async for event in self.execute(cell, silent=True)
-            if isinstance(event, Error) or (isinstance(event, Reply) and event.status != "ok")
-        ]
-        if errors:
-            raise KernelStartError(
-                "preparing the kernel on the gateway failed (pushing ipybox_kernel and the tool modules, or "
-                "installing the tool transport): " + "; ".join(errors)[:4000]
+        # The error's name and value only: its traceback quotes the cell, which holds the tool token.
+        errors: list[str] = []
+        failed = False
+        async for event in self.execute(cell, silent=True):
+            if isinstance(event, Error):
+                errors.append(f"{event.ename}: {event.evalue}")
+            failed = failed or (isinstance(event, Reply) and event.status != "ok")
+        if errors or failed:
+            where = (
+                "pushing ipybox_kernel and the tool modules, or installing the tool transport"
+                if self.config.push_sources
+                else "with push_sources=False, the kernel's image must provide ipybox_kernel and the tool modules, "
+                "installed from the host's ipybox version"
             )
+            detail = "; ".join(errors) or "the setup cell did not complete"
+            raise KernelStartError(f"preparing the kernel on the gateway failed ({where}): {detail[:4000]}")
 
     # -- start-up -----------------------------------------------------------------------------------
 

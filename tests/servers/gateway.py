@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Generator, Iterator
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,11 +53,14 @@ def _free_port() -> int:
 
 
 @contextmanager
-def run_gateway(*, rate_limit: bool = False, options: tuple[str, ...] = ()) -> Generator[Gateway]:
+def run_gateway(
+    *, rate_limit: bool = False, options: tuple[str, ...] = (), env: Mapping[str, str] | None = None
+) -> Generator[Gateway]:
     """Run ``jupyter kernelgateway`` with a token and kernel listing on; kill it (and its kernels) after.
 
     ``rate_limit=False`` turns off jupyter_server's IOPub rate limit, as docs/remote.md asks
-    operators to do; ``options`` are more command-line options.
+    operators to do; ``options`` are more command-line options, ``env`` more environment variables
+    (``JUPYTER_PATH`` for kernelspecs of its own, say).
     """
     token = secrets.token_urlsafe(24)
     port = _free_port()
@@ -75,7 +78,9 @@ def run_gateway(*, rate_limit: bool = False, options: tuple[str, ...] = ()) -> G
     with tempfile.TemporaryDirectory(prefix="ipybox-gateway-") as cwd:
         log = Path(cwd) / "gateway.log"
         with log.open("wb") as out:
-            process = subprocess.Popen(args, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+            process = subprocess.Popen(
+                args, cwd=cwd, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+            )
         try:
             gateway = Gateway(f"http://127.0.0.1:{port}", token)
             _wait_ready(gateway, process, log)
