@@ -120,7 +120,7 @@ async def test_a_dropped_connection_is_reopened_and_the_execution_goes_on_with_i
                         await event.accept()
                 elif isinstance(event, CodeExecutionChunk):
                     chunks.append(event.text)
-                    if "Hello, in flight!" in event.text:
+                    if "".join(chunks).endswith("Hello, in flight!\n"):
                         # The kernel prints and asks for a tool while the connection is down:
                         # the gateway buffers both and replays them to the reopened connection.
                         await drop(hop, gateway, kernel_id)
@@ -152,8 +152,10 @@ async def test_an_interrupt_made_while_the_connection_is_down_reaches_the_kernel
     async with through_relay(gateway, workspace) as (hop, ex, kernel_id):
         with anyio.fail_after(RECOVERY):
             execution = ex.execute(code)
+            printed = ""
             async for event in execution:
-                if isinstance(event, CodeExecutionChunk) and event.text == "waiting\n":
+                printed += event.text if isinstance(event, CodeExecutionChunk) else ""
+                if printed == "waiting\n" and isinstance(event, CodeExecutionChunk):
                     await drop(hop, gateway, kernel_id)
                     ex.interrupt()
                     hop.up()

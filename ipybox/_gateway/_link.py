@@ -137,7 +137,7 @@ class Link:
         """Whether a lost connection may be reopened: not until the kernel is ready (a loss during
         start-up fails the start), and never with a ``reconnect_timeout`` of 0."""
         self.reconnects = 0
-        """Connections reopened so far."""
+        """Connections reopened (and the kernel checked) so far."""
 
     def queue(self, msg_id: str | None, text: str) -> str | None:
         """Queue a message for the kernel; the reason it cannot wait, if it cannot."""
@@ -194,8 +194,6 @@ class Link:
             if reopened is None:
                 return outage.failed()
             ws = reopened
-            self.reconnects += 1
-            logger.info("reopened the websocket to kernel %s on %s", self._kernel_id, self._config.base)
 
     async def _serve(self, ws: ClientConnection, outage: Outage | None, resume: Resume) -> _Loss:
         loss = _Loss("the connection to the gateway ended", resumed=outage is None)
@@ -224,6 +222,8 @@ class Link:
                     except ConnectionClosed:
                         await anyio.sleep_forever()  # the reader reports it and ends this
                     loss.resumed = True
+                    self.reconnects += 1
+                    logger.info("reopened the websocket to kernel %s on %s", self._kernel_id, self._config.base)
                     if watch is not None:
                         tg.start_soon(watch)
                 tg.start_soon(self._write, ws)
