@@ -204,12 +204,14 @@ async def test_reset_replaces_the_kernel(ex: CodeExecutor) -> None:
 # -- remote only -------------------------------------------------------------------------------
 
 
-async def test_a_dropped_websocket_fails_the_execution_and_the_executor_recovers(
+async def test_with_reconnecting_off_a_dropped_websocket_fails_the_execution_and_the_executor_recovers(
     gateway: Gateway, workspace: Path
 ) -> None:
+    # With reconnecting on (the default), tests/test_gateway_reconnect.py.
     before = set(gateway.kernel_ids())
     async with relay(gateway.url) as hop:
-        async with CodeExecutor(workspace=workspace, kernel=GatewayKernel(hop.url, token=gateway.token)) as ex:
+        kernel = GatewayKernel(hop.url, token=gateway.token, reconnect_timeout=0)
+        async with CodeExecutor(workspace=workspace, kernel=kernel) as ex:
             [lost] = set(gateway.kernel_ids()) - before
             code = "import threading\nprint('running', flush=True)\nthreading.Event().wait()"
             with anyio.fail_after(RECOVERY), pytest.raises(KernelConnectionLost) as info:
@@ -217,6 +219,7 @@ async def test_a_dropped_websocket_fails_the_execution_and_the_executor_recovers
                     if isinstance(event, CodeExecutionChunk):
                         await hop.cut()
             assert info.value.kernel_id == lost and info.value.url == hop.url
+            assert "reconnecting" not in str(info.value)
             with anyio.fail_after(RECOVERY):
                 assert (await ex.execute("print('fresh')")).text == "fresh\n"
             # The lost kernel was deleted on the gateway; only the fresh one is left.
