@@ -6,30 +6,37 @@ docs/remote.md asks of operators), then measures:
 1. ``1+1`` and one approved tool call (the test server's ``greet``), local vs gateway: medians and ratios;
 2. 20 executors at once through the one gateway: wall time to start them all and run ``1+1`` in each;
 3. 1,000 executions through the gateway, and 100 executor start/stop cycles: the host's RSS and the
-   gateway's kernel count before and after (no leak: the count returns to what it was).
+   gateway's kernel count before and after (no leak: the count returns to what it was);
+4. a dropped websocket, through a TCP relay the benchmark cuts while a cell runs: the time from the
+   cut until the link is reopened and the kernel checked (the path back at once), and from the
+   path's return until output the kernel printed while it was down arrives (medians).
 
     uv run --frozen python bench/gateway.py            # the issue's sizes, ~10 minutes on 2 cores
     uv run --frozen python bench/gateway.py --quick    # smaller sizes, ~2 minutes
+    uv run --frozen python bench/gateway.py --reconnect-only
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import anyio.abc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from load import rss_kib, test_server
-from servers.gateway import Gateway, run_gateway
+from servers.gateway import Gateway, relay, run_gateway
 
-from ipybox import CodeExecutor, GatewayKernel, Timeouts
+from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutionResult, CodeExecutor, GatewayKernel, Timeouts
 
 GREET = "from ipybox_kernel import call_tool\ncall_tool('test', 'greet', {'name': 'bench'})"
 
@@ -120,16 +127,113 @@ async def soak(gw: Gateway, workspace: Path, executions: int, cycles: int) -> No
     )
 
 
-async def main(quick: bool) -> None:
+# The cell of the reconnection benchmark: prints one line for each byte it gets on a unix socket (the
+# gateway's kernels run on this machine), and answers each once the line is flushed.
+ECHO = """\
+import socket, sys
+link = socket.socket(socket.AF_UNIX)
+link.connect({path!r})
+while (byte := link.recv(1)) not in (b"", b"q"):
+    print(byte.decode())
+    sys.stdout.flush()
+    link.sendall(b".")
+"""
+
+
+Event = CodeExecutionChunk | ApprovalRequest | CodeExecutionResult
+
+
+class Reopened(logging.Handler):
+    """Sets an event when ipybox logs a reopened websocket (on the event loop's thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.event = anyio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("reopened"):
+            self.event.set()
+
+
+async def next_line(events: AsyncIterator[Event]) -> str:
+    """The next line of output (ipykernel may send a line in more than one chunk)."""
+    text = ""
+    async for event in events:
+        if isinstance(event, CodeExecutionChunk):
+            text += event.text
+            if text.endswith("\n"):
+                return text
+    raise RuntimeError("the echo cell ended")
+
+
+async def echo(link: anyio.abc.SocketStream, events: AsyncIterator[Event], byte: bytes) -> None:
+    await link.send(byte)
+    assert await link.receive(1) == b"."
+    assert await next_line(events) == f"{byte.decode()}\n"
+
+
+async def reconnection(gw: Gateway, workspace: Path, runs: int) -> None:
+    reopened = Reopened()
+    link_logger = logging.getLogger("ipybox._gateway._link")
+    link_logger.addHandler(reopened)
+    link_logger.setLevel(logging.INFO)
+    blips: list[float] = []
+    outages: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="ipybox-") as directory:
+        path = os.path.join(directory, "echo")
+        before = set(gw.kernel_ids())
+        async with await anyio.create_unix_listener(path) as listener, relay(gw.url) as hop:
+            remote = GatewayKernel(hop.url, token=gw.token)
+            async with CodeExecutor(workspace=workspace, tools_dir=None, kernel=remote) as ex:
+                execution = ex.execute(ECHO.format(path=path))
+                events = aiter(execution)
+                [kernel_id] = set(gw.kernel_ids()) - before
+                with anyio.fail_after(600):
+                    async with await listener.accept() as link:
+                        await echo(link, events, b"a")
+                        for _ in range(runs):
+                            reopened.event = anyio.Event()
+                            start = time.perf_counter()
+                            await hop.cut()
+                            await reopened.event.wait()
+                            blips.append(time.perf_counter() - start)
+                            await echo(link, events, b"b")
+                        for _ in range(runs):
+                            # Down until the gateway buffers and the kernel has printed into the buffer.
+                            hop.down()
+                            await hop.cut()
+                            await gw.wait_disconnected(kernel_id)
+                            await link.send(b"c")
+                            assert await link.receive(1) == b"."
+                            start = time.perf_counter()
+                            hop.up()
+                            assert await next_line(events) == "c\n"
+                            outages.append(time.perf_counter() - start)
+                        await link.send(b"q")
+                    await execution
+    link_logger.removeHandler(reopened)
+    print(
+        f"\nreconnection, median of {runs}: cut with the path back at once -> websocket reopened and the kernel "
+        f"checked in {median_ms(blips):.0f} ms (max {max(blips) * 1000:.0f} ms); path down until the kernel "
+        f"printed -> that output arrived {median_ms(outages):.0f} ms after the path came back "
+        f"(max {max(outages) * 1000:.0f} ms)"
+    )
+
+
+async def main(quick: bool, reconnect_only: bool) -> None:
     n, executors, executions, cycles = (20, 5, 100, 10) if quick else (50, 20, 1000, 100)
     with run_gateway() as gw, tempfile.TemporaryDirectory() as tmp:
         workspace = Path(tmp)
-        await latency(gw, workspace, n)
-        await concurrent(gw, workspace, executors)
-        await soak(gw, workspace, executions, cycles)
+        if not reconnect_only:
+            await latency(gw, workspace, n)
+            await concurrent(gw, workspace, executors)
+            await soak(gw, workspace, executions, cycles)
+        await reconnection(gw, workspace, 5 if quick else 15)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Kernels on Jupyter Kernel Gateway against local kernels")
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
-    anyio.run(main, parser.parse_args().quick)
+    parser.add_argument("--reconnect-only", action="store_true", help="only the dropped-websocket measurement")
+    args = parser.parse_args()
+    anyio.run(main, args.quick, args.reconnect_only)

@@ -42,9 +42,10 @@ from mcp import types as mcp_types
 
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox._approval import ApprovalDecision, ApprovalRequest, decide_by_policy
-from ipybox._channel import ToolRequest, ToolResultReply
 from ipybox._mcp import StdioServer, open_session
-from ipybox._toolserver import ToolServer
+from ipybox._toolserver._channel import ToolRequest, ToolResultReply
+from ipybox._toolserver._request import parse_request
+from ipybox._toolserver._server import ToolServer
 
 __all__ = ("main",)
 
@@ -143,11 +144,7 @@ async def host_stages(calls: int, result: mcp_types.CallToolResult, spec: mcp_ty
     stages["token check"] = _loop(lambda: hmac.compare_digest(str(fields["token"]).encode(), expected), calls)
     stages["ToolRequest.model_validate"] = _loop(lambda: ToolRequest.model_validate(fields), calls)
 
-    async def gate_none(request: ToolRequest, **_: Any) -> ApprovalDecision:
-        return ApprovalDecision(approved=True)
-
-    server = ToolServer(socket_path=Path("/nonexistent/tools.sock"), token=token, gate=gate_none)
-    stages["ToolServer._parse (all of the above)"] = _loop(lambda: server._parse(line), calls)
+    stages["parse_request (all of the above)"] = _loop(lambda: parse_request(line, expected), calls)
 
     def dump_annotations() -> dict[str, Any] | None:
         return spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if spec.annotations else None

@@ -248,7 +248,7 @@ async def churn(cycles: int) -> None:
             async with CodeExecutor(workspace=tmp, tools_dir=None, approval="auto") as ex:
                 ex.register_mcp_server("test", test_server())
                 # The executor's own dir and its kernel's run dir; both must be gone after the stop.
-                home, kernel = ex._home, ex._kernels.kernel
+                home, kernel = ex._side.home, ex._kernels.kernel
                 assert kernel is None or isinstance(kernel, Kernel)
                 dirs += [p for p in (home, kernel.run_dir if kernel else None) if p is not None]
                 # Every fourth executor also starts its MCP server, so server processes are counted too.

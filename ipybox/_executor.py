@@ -5,10 +5,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import secrets
-import shutil
-from collections.abc import AsyncGenerator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -17,7 +15,6 @@ import anyio
 import anyio.abc
 
 from ._approval import Approval, ApprovalDecision, ApprovalRequest, check_approval, decide_by_policy
-from ._channel import ToolRequest
 from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings, check_seconds
 from ._exceptions import (
     ExecutionCancelled,
@@ -26,19 +23,19 @@ from ._exceptions import (
 )
 from ._execution import Execution, ExecutionDriver, open_execution
 from ._gateway._config import GatewayKernel
-from ._gateway._executor import check_gateway, open_gateway_kernel, refuse_remote
+from ._gateway._executor import check_gateway, refuse_remote
 from ._kernel import KernelHandle
-from ._kernelhome import check_bytecode, link_tools_dir, new_home, resolve_tools_dir, restore_home
-from ._kernelspec import KernelSpec, start_kernel
+from ._kernelhome import check_bytecode
+from ._kernelside import KernelSide
 from ._keyed import KeyedExecutions
 from ._manifest import load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._packages import install_package
-from ._pool import KernelPool, Lease
+from ._pool import KernelPool
 from ._running import run_execution
 from ._supervisor import KernelSupervisor
-from ._tooldir import tools_dir_path
-from ._toolserver import ToolServer
+from ._toolserver._channel import ToolRequest
+from ._toolserver._server import ToolServer
 from ._workspace import copy_file, write_file
 from .network._policy import Network
 from .network._proxy import NetworkProxy
@@ -46,12 +43,9 @@ from .network._request import NetworkRequest, network_request_fields
 from .network._setup import NET_SOCKET, check_network
 from .sandbox._sandbox import resolve_sandbox
 from .skills._store import (
-    SKILLS_PACKAGE,
     Skill,
     check_skill,
-    prepare_skills_dir,
     skill_arguments,
-    skills_dir_path,
     write_skill,
 )
 
@@ -115,7 +109,9 @@ class CodeExecutor:
             and unlisted ones are denied or asked as a `NetworkRequest` (needs the sandbox).
         pool: A `KernelPool` to take kernels from (the first one, and each one after `reset` or a
             kernel's death) instead of starting them. A pooled kernel is taken only if its settings
-            equal this executor's; otherwise the executor starts its own (and logs why, once). From
+            equal this executor's (with ``skills_dir`` or ``network``: a pool made with the same
+            ``skills_dir``, or with ``network=True``); otherwise the executor starts its own (and
+            logs why, once). From
             a pool with ``separate_workspaces``, the executor works in the kernel's own workspace and
             tools directory, not in ``workspace`` and ``tools_dir``.
         kernel: Where the kernel runs: None for a local kernel (sandboxed as ``sandbox`` says), or a
@@ -140,53 +136,48 @@ class CodeExecutor:
         pool: KernelPool | None = None,
         kernel: GatewayKernel | None = None,
     ) -> None:
-        self.workspace = Path(workspace).resolve()
-        if not self.workspace.is_dir():
+        workspace_path = Path(workspace).resolve()
+        if not workspace_path.is_dir():
             raise UsageError(f"workspace {str(workspace)!r} is not an existing directory; create it first")
         check_kernel_settings(env, limits, timeouts)
         check_approval(approval)
         if pool is not None and not isinstance(pool, KernelPool):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"pool must be a KernelPool, got {pool!r}")
-        self._pool = pool
-        # The pooled kernel taken at the start, until the supervisor runs it.
-        self._lease: Lease | None = None
         self.gateway = check_gateway(kernel, sandbox)
         self.sandbox = resolve_sandbox(sandbox) if self.gateway is None else None
         if self.gateway is not None and (pool is not None or skills_dir is not None):
-            # A remote kernel is started by the gateway and cannot mount the host's skills directory.
-            raise UsageError("a GatewayKernel cannot be combined with pool or skills_dir; drop them")
+            raise UsageError(
+                "a GatewayKernel cannot be combined with pool or skills_dir: the gateway starts the kernel, "
+                "which cannot come from a KernelPool on this host nor mount its skills directory; drop them, "
+                "or drop kernel= to run the kernel here"
+            )
         self.network = check_network(network, self.sandbox)
         self._proxy: NetworkProxy | None = None
-        # As given (made absolute, not resolved): every start checks it again for planted symlinks.
-        self._tools_given = Path(os.path.join(os.getcwd(), tools_dir)) if tools_dir is not None else None
-        self.tools_dir: Path | None = None
-        if self._tools_given is not None:
-            self.tools_dir = tools_dir_path(self._tools_given, kernel_writable=self._kernel_writable())
-            if self.tools_dir.exists() and not self.tools_dir.is_dir():
-                raise UsageError(f"tools_dir {str(tools_dir)!r} is not a directory")
-            if self.tools_dir.parent == self.tools_dir:
-                raise UsageError("tools_dir cannot be the filesystem root")
-        self._skills_given = Path(os.path.join(os.getcwd(), skills_dir)) if skills_dir is not None else None
-        self.skills_dir: Path | None = None
-        if self._skills_given is not None:
-            self.skills_dir = skills_dir_path(
-                self._skills_given, kernel_writable=self._kernel_writable(), tools_dir=self.tools_dir
-            )
-        self.approval: Approval = approval
         self.limits = limits or Limits()
         self.timeouts = timeouts or Timeouts()
-        self._env = dict(env or {})
+        self._side = KernelSide(
+            workspace=workspace_path,
+            sandbox=self.sandbox,
+            env=env or {},
+            limits=self.limits,
+            start_timeout=self.timeouts.start,
+            # As given (made absolute, not resolved): every start checks them again for planted symlinks.
+            tools_dir=Path(os.path.join(os.getcwd(), tools_dir)) if tools_dir is not None else None,
+            skills_dir=Path(os.path.join(os.getcwd(), skills_dir)) if skills_dir is not None else None,
+            network=self.network is not None,
+            pool=pool,
+            gateway=self.gateway,
+        )
+        self.approval: Approval = approval
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
-        self._kernels = KernelSupervisor(self._open_kernel)
+        self._kernels = KernelSupervisor(self._side.open)
         self._keyed = KeyedExecutions()
         self._current: ExecutionDriver | None = None
         # The kernel's id for the running execution, which its tool calls must carry.
         self._current_msg_id: str | None = None
-        self._home: Path | None = None
         self._tools: ToolServer | None = None
-        self._token = secrets.token_urlsafe(32)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -206,44 +197,24 @@ class CodeExecutor:
         return self
 
     async def _start(self, stack: AsyncExitStack) -> None:
+        side = self._side
         if self.sandbox is not None:
             check_bytecode()
-        separate = self._pool is not None and self._pool.separate_workspaces
-        if not separate:
-            self._check_tools_dir()
-        lease = None
-        if self._pool is not None:
-            lease = await self._pool._take(self._spec())  # pyright: ignore[reportPrivateUsage]
-        if lease is not None:
-            self._lease = lease
-            stack.callback(self._drop_lease)
-            lease.adopted = True
-            self._home, self._token = lease.home, lease.token
-            if separate:
-                self.workspace, self._tools_given = lease.spec.workspace, lease.spec.tools_dir
-        else:
-            self._home = new_home(None)
-        # Private to this executor: the tool socket and the packages installed for the kernel.
-        # The one it has at the end: a kernel taken from a pool brings its own.
-        stack.callback(lambda: shutil.rmtree(self._home, ignore_errors=True) if self._home else None)
+        listeners = await side.begin(stack)
+        assert side.home is not None
         self._tools = ToolServer(
-            socket_path=self._home / "tools.sock",
-            token=self._token,
+            socket_path=side.home / "tools.sock",
+            token=side.token,
             gate=self._gate,
             call_timeout=self.timeouts.tool,
-            listener=lease.listener if lease is not None else None,
+            listener=listeners.tools,
         )
-        if lease is not None and lease.listener is not None:
-            # The tool server's from now on; closed here too in case it never runs (closing twice is harmless).
-            stack.callback(lease.listener.close)
-            lease.listener = None
         self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
-        if self._skills_given is not None:
+        if side.has_skills:
             self._tools.register_builtin(BUILTIN_SERVER, "save_skill", self._save_skill_from_kernel)
-        self._prepare_tools_dir()
-        self._prepare_skills_dir()
-        if self.tools_dir is not None:
-            for name, params in load_manifest(self.tools_dir).items():
+        side.prepare_dirs()
+        if side.tools_dir is not None:
+            for name, params in load_manifest(side.tools_dir).items():
                 self._tools.register(name, params)
         self._tg = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(self._tg.cancel_scope.cancel)
@@ -251,12 +222,14 @@ class CodeExecutor:
         if self.network is not None:
             self._proxy = NetworkProxy(
                 self.network,
-                socket_path=self._home / NET_SOCKET,
-                token=self._token,
+                socket_path=side.home / NET_SOCKET,
+                token=side.token,
                 running=lambda: self._current.execution.id if self._current is not None else None,
                 ask=self._ask_network,
+                listener=listeners.net,
             )
             await self._tg.start(self._proxy.run)
+        side.serve(self._tools, self._proxy)
         await self._tg.start(self._kernels.run)
 
     async def __aexit__(
@@ -268,139 +241,20 @@ class CodeExecutor:
             # it is not passed into the task group (which would wrap it in an ExceptionGroup).
             await stack.aclose()
 
-    def _kernel_writable(self) -> list[Path]:
-        """Host directories kernel code can write to (where it could plant symlinks)."""
-        extra = [Path(p) for p in self.sandbox.rw_paths] if self.sandbox is not None else []
-        return [self.workspace, *extra]
+    @property
+    def workspace(self) -> Path:
+        """The kernel's working directory (a pooled kernel's own with ``separate_workspaces``)."""
+        return self._side.workspace
 
-    def _check_tools_dir(self) -> None:
-        """Check the tools directory before a kernel starts (see `resolve_tools_dir`).
+    @property
+    def tools_dir(self) -> Path | None:
+        """The real tools directory, as checked before the last kernel start (None: none)."""
+        return self._side.tools_dir
 
-        Raises:
-            UsageError: The tools directory cannot be trusted; the message names the fix.
-        """
-        if self._tools_given is not None:
-            self.tools_dir = resolve_tools_dir(self._tools_given, kernel_writable=self._kernel_writable())
-
-    def _prepare_tools_dir(self) -> None:
-        """`_check_tools_dir`, and link the tools directory into the kernel's import root.
-
-        Raises:
-            UsageError: The tools directory cannot be trusted; the message names the fix.
-        """
-        assert self._home is not None
-        self._check_tools_dir()
-        if self.tools_dir is not None:
-            link_tools_dir(self._home, self.tools_dir)
-
-    def _prepare_skills_dir(self) -> None:
-        """Create and check the skills directory before a kernel starts, as `_prepare_tools_dir`
-        does the tools directory, and link it into the import root as ``skills``.
-
-        Raises:
-            UsageError: The skills directory cannot be trusted; the message names the fix.
-        """
-        if self._skills_given is None:
-            return
-        assert self._home is not None
-        self.skills_dir = prepare_skills_dir(
-            self._skills_given, kernel_writable=self._kernel_writable(), tools_dir=self.tools_dir
-        )
-        link_tools_dir(self._home, self.skills_dir, name=SKILLS_PACKAGE)
-
-    def _spec(self) -> KernelSpec:
-        return KernelSpec.of(
-            sandbox=self.sandbox,
-            limits=self.limits,
-            env=self._env,
-            workspace=self.workspace,
-            tools_dir=self.tools_dir,
-            skills_dir=self.skills_dir,
-            network=self.network is not None,
-        )
-
-    @asynccontextmanager
-    async def _open_kernel(self, restarting: bool) -> AsyncGenerator[KernelHandle]:
-        """Prepare the host side and start a kernel, or take one from the pool (see `KernelOpener`)."""
-        assert self._home is not None and self._tools is not None
-        lease, self._lease = self._lease, None
-        if lease is None:
-            restore_home(self._home, self._tools)
-            if restarting:
-                self._recheck_tools_dir()
-            if self._pool is not None and not self._pool.separate_workspaces:
-                lease = await self._pool._take(self._spec())  # pyright: ignore[reportPrivateUsage]
-                if lease is not None and not self._adopt(lease):
-                    lease = None
-        if lease is not None:
-            async with lease.use() as kernel:
-                yield kernel
-            return
-        if self.gateway is not None:
-            tools = self.tools_dir if self.tools_dir is not None and self.tools_dir.is_dir() else None
-            async with open_gateway_kernel(
-                self.gateway,
-                limits=self.limits,
-                start_timeout=self.timeouts.start,
-                tool_socket=self._tools.socket_path,
-                token=self._token,
-                tools_dir=tools,
-            ) as remote:
-                yield remote
-            return
-        if self._proxy is not None:
-            self._proxy.rebind()
-        async with start_kernel(
-            self._spec(), home=self._home, token=self._token, start_timeout=self.timeouts.start
-        ) as kernel:
-            yield kernel
-
-    def _adopt(self, lease: Lease) -> bool:
-        """Move this executor's private directory over to a pooled kernel's: its installed packages
-        (into the kernel's packages directory, which its sandbox mounts), its tool socket and token.
-
-        False, with the lease released, if that failed: the caller starts a kernel of its own.
-        """
-        assert self._home is not None and self._tools is not None
-        old = self._home
-        moved: list[str] = []
-        try:
-            for name in os.listdir(old / "packages"):
-                os.rename(old / "packages" / name, lease.home / "packages" / name)
-                moved.append(name)
-            self._tools.move(lease.home / "tools.sock", lease.token, listener=lease.listener)
-        except (OSError, UsageError) as exc:
-            for name in moved:
-                os.rename(lease.home / "packages" / name, old / "packages" / name)
-            logger.warning("could not take a pooled kernel (%s); starting one", exc)
-            lease.release()
-            return False
-        lease.listener = None
-        lease.adopted = True
-        self._home, self._token = lease.home, lease.token
-        shutil.rmtree(old, ignore_errors=True)
-        return True
-
-    def _drop_lease(self) -> None:
-        """Release the pooled kernel taken at the start if no kernel supervisor ran it."""
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.release()
-
-    def _recheck_tools_dir(self) -> None:
-        """`_prepare_tools_dir` before a restart, where a failure is a start error of that kernel.
-
-        Raises:
-            KernelStartError: The tools directory can no longer be trusted.
-        """
-        try:
-            self._prepare_tools_dir()
-        except (OSError, UsageError) as exc:
-            raise KernelStartError(f"the tools directory cannot be used any more: {exc}") from exc
-        try:
-            self._prepare_skills_dir()
-        except (OSError, UsageError) as exc:
-            raise KernelStartError(f"the skills directory cannot be used any more: {exc}") from exc
+    @property
+    def skills_dir(self) -> Path | None:
+        """The real skills directory, as checked last (None: none)."""
+        return self._side.skills_dir
 
     async def reset(self) -> None:
         """Replace the kernel with a fresh one. Variables are lost; workspace files are kept."""
@@ -547,9 +401,9 @@ class CodeExecutor:
             PackageInstallError: The installer failed.
         """
         self._require_running()
-        assert self._home is not None
+        assert self._side.home is not None
         refuse_remote(self.gateway, "install")
-        return await install_package(package, self._home / "packages")
+        return await install_package(package, self._side.home / "packages")
 
     async def _install_from_kernel(self, arguments: Mapping[str, object]) -> str:
         package = arguments.get("package")
@@ -586,11 +440,11 @@ class CodeExecutor:
                 cannot be trusted any more.
         """
         self._require_running()
-        if self._skills_given is None:
+        if not self._side.has_skills:
             raise UsageError("this CodeExecutor has no skills directory; pass skills_dir='skills' (or another path)")
         check_skill(name, code, description, reserved=self._reserved_names())
         # The directory may have been deleted, or a symlink planted on its way, since the kernel started.
-        self._prepare_skills_dir()
+        self._side.prepare_skills_dir()
         assert self.skills_dir is not None
         return await anyio.to_thread.run_sync(
             functools.partial(write_skill, self.skills_dir, name, code, description, overwrite=overwrite)

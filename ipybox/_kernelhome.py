@@ -19,7 +19,7 @@ from ._exceptions import KernelStartError, UsageError
 from ._kernel import bytecode_missing
 from ._manifest import MANIFEST_DIR
 from ._tooldir import prepare_tools_dir, tools_dir_path
-from ._toolserver import ToolServer
+from ._toolserver._server import ToolServer
 
 __all__ = (
     "IMPORT_ROOT",

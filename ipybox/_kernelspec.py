@@ -32,7 +32,8 @@ class KernelSpec:
         mounted_tools: ``tools_dir`` if it existed at the start (then it is mounted read-only).
         hidden: Paths under the mounted tools directory the kernel does not see.
         skills_dir: The real skills directory (mounted read-only, importable as ``skills``).
-        network: Whether the kernel reaches the executor's network proxy (`Network`).
+        network: Whether the kernel has the network forwarder, its environment and the proxy socket
+            mounted: what a `Network` needs in the kernel. Not the policy, which is the executor's.
     """
 
     python: tuple[str, ...]
@@ -80,10 +81,11 @@ class KernelSpec:
         )
 
     def differences(self, other: KernelSpec, *, dirs: bool = True) -> list[str]:
-        """The names of the fields that differ; ``dirs=False`` leaves out the directories."""
-        names = ["python", "sandbox", "limits", "env", "network"]
+        """The names of the fields that differ; ``dirs=False`` leaves out each kernel's own
+        directories (workspace and tools), not the skills directory, which its executors share."""
+        names = ["python", "sandbox", "limits", "env", "skills_dir", "network"]
         if dirs:
-            names += ["workspace", "tools_dir", "mounted_tools", "hidden", "skills_dir"]
+            names += ["workspace", "tools_dir", "mounted_tools", "hidden"]
         return [name for name in names if getattr(self, name) != getattr(other, name)]
 
 

@@ -1,8 +1,8 @@
 """`KernelPool`: sandboxed kernels started ahead of time, so that a new executor is ready at once.
 
-Each pooled kernel is started with its own private directory (tool socket path, packages, import
-root) and its own tool token, exactly as an executor starts its kernel; the executor that takes it
-adopts both (`CodeExecutor._adopt`). A kernel is handed out once and never comes back: it has run
+Each pooled kernel is started with its own private directory (tool socket, network proxy socket,
+packages, import root) and its own tool token, exactly as an executor starts its kernel; the
+executor that takes it adopts both (`KernelSide._adopt`). A kernel is handed out once and never comes back: it has run
 someone's code. The kernel's process stays owned by the pool's task group (one task per kernel holds
 its `Kernel.start` context), and the executor holds a `Lease` on it until it is done with it.
 """
@@ -30,11 +30,13 @@ from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings
 from ._events import wait_any
 from ._exceptions import KernelStartError, UsageError
 from ._kernel import Kernel
-from ._kernelhome import check_bytecode, new_home, resolve_tools_dir
+from ._kernelhome import check_bytecode, link_tools_dir, new_home, resolve_tools_dir
 from ._kernelspec import KernelSpec, start_kernel
 from ._tooldir import prepare_tools_dir
-from ._toolsocket import bind_socket
+from ._unixsocket import bind_socket
+from .network._setup import NET_SOCKET
 from .sandbox._sandbox import resolve_sandbox
+from .skills._store import SKILLS_PACKAGE, prepare_skills_dir
 
 __all__ = ("KernelPool", "Lease")
 
@@ -58,6 +60,8 @@ class Lease:
     listener: socket.socket | None = None
     """The tool socket, bound before the kernel starts so that its sandbox mounts it; the taker's
     ToolServer serves it."""
+    net_listener: socket.socket | None = None
+    """The network proxy socket (``spec.network``), bound likewise; the taker's NetworkProxy serves it."""
     dirs: tuple[Path, ...] = ()
     """Directories made for this kernel alone (separate workspaces): the taker's once adopted."""
     kernel: Kernel | None = None
@@ -100,9 +104,15 @@ class KernelPool:
 
     Each kernel is used by one executor only and never returns to the pool; the pool starts
     another in the background. An executor takes a kernel only if it would start the same one
-    itself (same sandbox, limits, env, workspace and tools directory); otherwise it starts its own
-    and logs once why the pool did not fit. Closing the pool shuts down every kernel it started,
-    including those executors still use: close it after them.
+    itself (same sandbox, limits, env, workspace, tools and skills directories, and network or
+    none); otherwise it starts its own and logs once why the pool did not fit. Closing the pool
+    shuts down every kernel it started, including those executors still use: close it after them.
+
+    For executors with a skills directory or a network, give the pool the same::
+
+        async with KernelPool(size=4, skills_dir="skills", network=True) as pool:
+            async with CodeExecutor(pool=pool, skills_dir="skills", network=Network(allow=[...])) as executor:
+                ...
 
     Args:
         size: Kernels kept ready.
@@ -121,6 +131,17 @@ class KernelPool:
             its own ``workspace`` and ``tools_dir`` (read them from ``executor.workspace`` and
             ``executor.tools_dir``); they are the caller's from then on and are kept when the
             executor exits. The pool removes those of kernels it never handed out.
+        skills_dir: As for `CodeExecutor`: mounted read-only into every kernel and importable as
+            ``skills``, held to the same rules (created by the host if missing, no symlink on its way,
+            the host's own). Shared by all kernels, also with ``separate_workspaces``.
+        network: Start the kernels ready for an executor with a `Network`: with the forwarder that
+            ``HTTP_PROXY`` points to and a proxy socket of their own, which the taker's proxy serves
+            with the taker's `Network` policy. A bool, not a `Network`: what is allowed, asked and
+            limited is each executor's, decided on the host when a connection is made, so one pool
+            serves executors with different policies, and a policy given here could be mistaken for
+            one that applies. Then only executors with a `Network` take the pool's kernels: one
+            without starts its own, so a forwarder never runs without a policy behind it. Needs
+            the sandbox.
     """
 
     def __init__(
@@ -135,6 +156,8 @@ class KernelPool:
         timeouts: Timeouts | None = None,
         max_starting: int = 2,
         separate_workspaces: bool = False,
+        skills_dir: Path | str | None = None,
+        network: bool = False,
     ) -> None:
         if not isinstance(size, int) or size < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"size must be a positive number of kernels, got {size!r}")
@@ -149,8 +172,25 @@ class KernelPool:
                 f"with separate_workspaces, tools_dir is the name of each kernel's tools directory, "
                 f"not a path: got {str(tools_dir)!r}"
             )
+        if separate_workspaces and skills_dir is not None and str(tools_dir) == SKILLS_PACKAGE:
+            # Each kernel's tools directory is made later; the executor's own check would come too late.
+            raise UsageError(
+                f"the kernels import the skills directory as {SKILLS_PACKAGE!r}: give the tools directory "
+                "another name (tools_dir='mcptools')"
+            )
+        if not isinstance(network, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(
+                f"network must be True or False (whether the kernels can reach their executor's network proxy), "
+                f"got {network!r}; give the policy, Network(...), to each CodeExecutor"
+            )
         self.size = size
         self.sandbox = resolve_sandbox(sandbox)
+        if network and self.sandbox is None:
+            raise UsageError(
+                "network=True needs the sandbox: without one a kernel has this host's whole network and no "
+                "executor's Network can hold it; drop sandbox=None, or drop network="
+            )
+        self.network = network
         self.env = dict(env or {})
         self.limits = limits or Limits()
         self.timeouts = timeouts or Timeouts()
@@ -159,6 +199,8 @@ class KernelPool:
         self._tools_given: Path | None = None
         if tools_dir is not None:
             self._tools_given = Path(tools_dir) if separate_workspaces else Path(os.path.join(os.getcwd(), tools_dir))
+        # Likewise, shared by all kernels (also with separate workspaces).
+        self._skills_given = Path(os.path.join(os.getcwd(), skills_dir)) if skills_dir is not None else None
         self._max_starting = max_starting
         self._ready: list[Lease] = []
         self._starting = 0
@@ -180,8 +222,7 @@ class KernelPool:
             raise UsageError("this KernelPool is already running; create a new one")
         if self.sandbox is not None:
             check_bytecode()
-        if not self.separate_workspaces:
-            self._shared_spec()  # a tools directory that cannot be trusted is an error now, not at each refill
+        self._current_spec()  # a tools or skills directory that cannot be trusted is an error now, not at each refill
         tg = anyio.create_task_group()
         await tg.__aenter__()
         self._tg = tg
@@ -232,7 +273,7 @@ class KernelPool:
         if self._tg is None:
             return None
         try:
-            current = self._spec(self.workspace, None) if self.separate_workspaces else self._shared_spec()
+            current = self._current_spec()
         except (OSError, UsageError) as exc:
             logger.warning("the kernel pool cannot start kernels (%s); this executor starts its own", exc)
             return None
@@ -242,8 +283,11 @@ class KernelPool:
                 self._warned.add(tuple(differences))
                 logger.warning(
                     "the executor's kernel settings differ from its KernelPool's in %s; it starts its own "
-                    "kernel instead of taking a pooled one (create the pool with the executor's settings)",
+                    "kernel instead of taking a pooled one (create the pool with the executor's settings%s)",
                     ", ".join(differences),
+                    ": network=True for executors with a Network, False for those without"
+                    if "network" in differences
+                    else "",
                 )
             return None
         with anyio.move_on_after(self.timeouts.start):
@@ -322,8 +366,9 @@ class KernelPool:
             if starting:
                 self._starting -= 1
             if lease is not None:
-                if lease.listener is not None:
-                    lease.listener.close()
+                for listener in (lease.listener, lease.net_listener):
+                    if listener is not None:
+                        listener.close()
                 if lease in self._ready:
                     self._ready.remove(lease)
                 if not lease.adopted:
@@ -334,6 +379,7 @@ class KernelPool:
 
     def _new_lease(self) -> Lease:
         dirs: list[Path] = []
+        lease: Lease | None = None
         try:
             if self.separate_workspaces:
                 workspace = Path(tempfile.mkdtemp(prefix="", dir=self.workspace))
@@ -349,12 +395,24 @@ class KernelPool:
                 spec = self._shared_spec()
             home = new_home(spec.tools_dir)
             dirs.append(home)
-            listener = bind_socket(home / "tools.sock")
+            if spec.skills_dir is not None:
+                link_tools_dir(home, spec.skills_dir, name=SKILLS_PACKAGE)
+            lease = Lease(spec=spec, home=home, token=secrets.token_urlsafe(32), dirs=tuple(dirs[:-1]))
+            # Bound before the kernel starts: its sandbox mounts the socket files.
+            lease.listener = bind_socket(home / "tools.sock")
+            if spec.network:
+                lease.net_listener = bind_socket(home / NET_SOCKET)
         except BaseException:
+            if lease is not None and lease.listener is not None:
+                lease.listener.close()
             for path in dirs:
                 shutil.rmtree(path, ignore_errors=True)
             raise
-        return Lease(spec=spec, home=home, token=secrets.token_urlsafe(32), listener=listener, dirs=tuple(dirs[:-1]))
+        return lease
+
+    def _current_spec(self) -> KernelSpec:
+        """The spec of a kernel started now; with separate workspaces, without its own directories."""
+        return self._spec(self.workspace, None) if self.separate_workspaces else self._shared_spec()
 
     def _shared_spec(self) -> KernelSpec:
         tools = None
@@ -363,13 +421,25 @@ class KernelPool:
         return self._spec(self.workspace, tools)
 
     def _writable(self, workspace: Path) -> list[Path]:
-        """Host directories the kernels can write to (as `CodeExecutor._kernel_writable`)."""
+        """Host directories the kernels can write to (as `KernelSide.kernel_writable`)."""
         extra = [Path(p) for p in self.sandbox.rw_paths] if self.sandbox is not None else []
         return [workspace, *extra]
 
     def _spec(self, workspace: Path, tools: Path | None) -> KernelSpec:
+        skills = None
+        if self._skills_given is not None:
+            # Checked against every kernel's workspace: with separate workspaces, all of ``workspace``.
+            skills = prepare_skills_dir(
+                self._skills_given, kernel_writable=self._writable(self.workspace), tools_dir=tools
+            )
         return KernelSpec.of(
-            sandbox=self.sandbox, limits=self.limits, env=self.env, workspace=workspace, tools_dir=tools
+            sandbox=self.sandbox,
+            limits=self.limits,
+            env=self.env,
+            workspace=workspace,
+            tools_dir=tools,
+            skills_dir=skills,
+            network=self.network,
         )
 
     def _running(self) -> bool:

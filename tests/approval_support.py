@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor
 
+# Kernel code that calls the test server's delete_item and prints the reason it was rejected with.
+CATCH_REJECTED = (
+    "from ipybox_kernel import ToolCallRejected\n"
+    "from mcptools.test import delete_item\n"
+    "try:\n"
+    "    delete_item.run({'item_id': 'a1'})\n"
+    "except ToolCallRejected as e:\n"
+    "    print('caught:', e.reason)"
+)
+
 
 async def collect(
     executor: CodeExecutor, code: str, decide: dict[str, bool] | None = None, *, reason: str = "no"

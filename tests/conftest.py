@@ -4,6 +4,7 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import pytest
+from install_support import build_wheel
 
 from ipybox import CodeExecutor, generate_mcp_sources
 
@@ -45,3 +46,9 @@ async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("tools") / "mcptools"
     await generate_mcp_sources("test", stdio_server(), root)
     return root
+
+
+@pytest.fixture(scope="session")
+def ipybox_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from this checkout, once per session, with an empty uv cache."""
+    return build_wheel(tmp_path_factory.mktemp("wheel"))

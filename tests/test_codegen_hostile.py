@@ -212,6 +212,19 @@ def test_non_object_input_schemas_get_a_permissive_params_model() -> None:
     assert models.classes[0].startswith("class Params(BaseModel):")
 
 
+def test_models_whose_imports_clash_with_the_modules_own_fall_back_to_permissive_models() -> None:
+    described = {"type": "object", "properties": {"x": {"type": "integer", "description": "uses Field"}}}
+    own = {"Field": ("elsewhere", "Field")}
+    models = generate_tool_models(described, described, extra_imports=own, reserved=())
+    assert models.fallbacks == ["Params", "Result"]
+    assert [n for n in models.notes if "imports clash" in n] == [
+        "Params: generated imports clash with the module's own; using a permissive model",
+        "Result: generated imports clash with the module's own; using a permissive model",
+    ]
+    assert models.imports["Field"] == ("elsewhere", "Field")
+    assert all("extra='allow'" in c for c in models.classes)
+
+
 def test_output_schemas_that_are_not_objects_still_get_a_result_model() -> None:
     models = generate_tool_models(
         {"type": "object"}, {"type": "array", "items": {"type": "integer"}}, extra_imports={}, reserved=()

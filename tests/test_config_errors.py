@@ -7,11 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from ipybox import CodeExecutor, GatewayKernel, Limits, SandboxConfig, StdioServer, Timeouts, UsageError
+from ipybox import (
+    CodeExecutor,
+    GatewayKernel,
+    KernelPool,
+    Limits,
+    Network,
+    SandboxConfig,
+    StdioServer,
+    Timeouts,
+    UsageError,
+)
 from ipybox._cli import _build_parser
 from ipybox._kernelspec import KernelSpec
 from ipybox._mcp import parse_server_params
 from ipybox.mcp_server._config import ServerConfig, config_from_args
+from ipybox.mcp_server._sessions import session_pool
 
 
 def load(tmp_path: Path, config: object) -> ServerConfig:
@@ -86,28 +97,49 @@ def test_the_mcp_servers_kernel_config_is_the_executors_with_its_defaults_and_th
     assert config_from_args(parse(["mcp", "--workspace", str(tmp_path), "--no-sandbox"])).sandbox is None
 
 
-@pytest.mark.parametrize("extra", [["--allow-net", "example.org"], ["--skills-dir", "skills"]])
-def test_a_pool_for_http_sessions_is_refused_with_network_or_skills_which_pooled_kernels_lack(
-    tmp_path: Path, extra: list[str]
+@pytest.mark.parametrize("option", ["--allow-net", "--ask-net", "--skills-dir"])
+def test_a_pool_for_http_sessions_with_network_or_skills_makes_kernels_that_have_them(
+    tmp_path: Path, option: str
 ) -> None:
-    argv = ["mcp", "--workspace", str(tmp_path), "--transport", "http", "--pool", "2", *extra]
-    args = _build_parser().parse_args(argv)
-    with pytest.raises(UsageError, match=r"pool_size \(--pool\) cannot be combined with network"):
-        config_from_args(args)
+    # Refused until pooled kernels could have the skills mount and the network forwarder.
+    extra = {"--allow-net": ["--allow-net", "example.org"], "--ask-net": ["--ask-net"]}
+    argv = ["mcp", "--workspace", str(tmp_path), "--transport", "http", "--pool", "2"]
+    argv += extra.get(option, ["--skills-dir", str(tmp_path / "skills")])
+    config = config_from_args(_build_parser().parse_args(argv))
+    pool = session_pool(config)
+    assert isinstance(pool, KernelPool) and pool.size == 2
+    # What its kernels are started with (they are not: the pool is not entered here).
+    spec = pool._current_spec()
+    assert spec.network == (option != "--skills-dir")
+    assert spec.skills_dir == (tmp_path.resolve() / "skills" if option == "--skills-dir" else None)
 
 
-def test_a_remote_kernel_is_refused_with_a_pool_or_a_skills_dir(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="GatewayKernel cannot be combined with pool or skills_dir"):
+def test_a_remote_kernel_is_refused_with_a_pool_or_a_skills_dir_naming_the_fix(tmp_path: Path) -> None:
+    fix = (
+        "GatewayKernel cannot be combined with pool or skills_dir: .*drop them, or drop kernel= to run the kernel here"
+    )
+    with pytest.raises(UsageError, match=fix):
         CodeExecutor(workspace=tmp_path, kernel=GatewayKernel("http://127.0.0.1:9"), skills_dir="skills")
+    with pytest.raises(UsageError, match=fix):
+        CodeExecutor(
+            workspace=tmp_path, kernel=GatewayKernel("http://127.0.0.1:9"), pool=KernelPool(workspace=tmp_path)
+        )
+
+
+def test_a_pool_takes_whether_its_kernels_have_a_network_not_a_policy_and_needs_the_sandbox(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"network must be True or False .*give the policy, Network\(...\), to each"):
+        KernelPool(workspace=tmp_path, network=Network(allow=["example.org"]))  # pyright: ignore[reportArgumentType]
+    with pytest.raises(UsageError, match="network=True needs the sandbox"):
+        KernelPool(workspace=tmp_path, network=True, sandbox=None)
 
 
 def test_a_kernel_spec_tells_apart_kernels_with_skills_or_network_from_plain_ones(tmp_path: Path) -> None:
-    def spec(*, skills_dir: Path | None = None, network: bool = False) -> KernelSpec:
+    def spec(*, skills_dir: Path | None = None, network: bool = False, workspace: Path = tmp_path) -> KernelSpec:
         return KernelSpec.of(
             sandbox=None,
             limits=Limits(),
             env={},
-            workspace=tmp_path,
+            workspace=workspace,
             tools_dir=None,
             skills_dir=skills_dir,
             network=network,
@@ -115,3 +147,7 @@ def test_a_kernel_spec_tells_apart_kernels_with_skills_or_network_from_plain_one
 
     assert spec().differences(spec(skills_dir=tmp_path / "skills")) == ["skills_dir"]
     assert spec().differences(spec(network=True)) == ["network"]
+    # Pools with separate workspaces compare without each kernel's own directories; the skills
+    # directory is not one of them: all the kernels share it.
+    other = spec(workspace=tmp_path / "elsewhere", skills_dir=tmp_path / "skills")
+    assert spec().differences(other, dirs=False) == ["skills_dir"]

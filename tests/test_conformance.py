@@ -13,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from approval_support import CATCH_REJECTED
 from servers.fixtures import stdio_server
 from servers.gateway import Gateway, relay, run_gateway
 
@@ -89,8 +90,9 @@ async def test_variables_persist_between_executions(ex: CodeExecutor) -> None:
 async def test_output_streams_while_the_code_runs_and_an_interrupt_reaches_it(ex: CodeExecutor) -> None:
     code = (
         "import threading\n"
-        "print('waiting', flush=True)\n"
         "try:\n"
+        # Inside the try: the interrupt may arrive before the wait begins.
+        "    print('waiting', flush=True)\n"
         "    threading.Event().wait()  # an event nothing sets: runs until interrupted\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted')"
@@ -147,15 +149,7 @@ async def test_an_accepted_tool_call_returns_the_tools_result(ex: CodeExecutor) 
 
 
 async def test_a_rejected_tool_call_raises_tool_call_rejected_with_the_reason(ex: CodeExecutor) -> None:
-    code = (
-        "from ipybox_kernel import ToolCallRejected\n"
-        "from mcptools.test import delete_item\n"
-        "try:\n"
-        "    delete_item.run({'item_id': 'a1'})\n"
-        "except ToolCallRejected as e:\n"
-        "    print('caught:', e.reason)"
-    )
-    _, result = await run(ex, code, reject="not today")
+    _, result = await run(ex, CATCH_REJECTED, reject="not today")
     assert result.text == "caught: not today\n"
 
 
@@ -262,12 +256,14 @@ async def test_reset_replaces_the_kernel(ex: CodeExecutor) -> None:
 # -- remote only -------------------------------------------------------------------------------
 
 
-async def test_a_dropped_websocket_fails_the_execution_and_the_executor_recovers(
+async def test_with_reconnecting_off_a_dropped_websocket_fails_the_execution_and_the_executor_recovers(
     gateway: Gateway, workspace: Path
 ) -> None:
+    # With reconnecting on (the default), tests/test_gateway_reconnect.py.
     before = set(gateway.kernel_ids())
     async with relay(gateway.url) as hop:
-        async with CodeExecutor(workspace=workspace, kernel=GatewayKernel(hop.url, token=gateway.token)) as ex:
+        kernel = GatewayKernel(hop.url, token=gateway.token, reconnect_timeout=0)
+        async with CodeExecutor(workspace=workspace, kernel=kernel) as ex:
             [lost] = set(gateway.kernel_ids()) - before
             code = "import threading\nprint('running', flush=True)\nthreading.Event().wait()"
             with anyio.fail_after(RECOVERY), pytest.raises(KernelConnectionLost) as info:
@@ -275,6 +271,7 @@ async def test_a_dropped_websocket_fails_the_execution_and_the_executor_recovers
                     if isinstance(event, CodeExecutionChunk):
                         await hop.cut()
             assert info.value.kernel_id == lost and info.value.url == hop.url
+            assert "reconnecting" not in str(info.value)
             with anyio.fail_after(RECOVERY):
                 assert (await ex.execute("print('fresh')")).text == "fresh\n"
             # The lost kernel was deleted on the gateway; only the fresh one is left.

@@ -7,30 +7,13 @@ variables), including with hostile client variables, and the result parsed as YA
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, cast
 
-import jinja2
 import yaml
+from deploy_support import DEPLOY, dockerfile_user, render_pod
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-KERNEL_VARIABLES = {
-    "kernel_pod_name": "kernel-abc",
-    "kernel_namespace": "ipybox-kernels",
-    "kernel_id": "abc",
-    "kernel_image": "example.org/ipybox-kernel:1.0.0",
-    "kernel_username": "agent",
-}
 # What a client could send as KERNEL_UID, KERNEL_CPUS_LIMIT, KERNEL_VOLUMES, ... to weaken the stock template.
 HOSTILE = {"kernel_uid": 0, "kernel_gid": 0, "kernel_cpus_limit": 64, "kernel_volumes": ["{hostPath: {path: /}}"]}
-
-
-def render_pod(extra: dict[str, Any]) -> dict[str, Any]:
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    text = env.from_string((DEPLOY / "kubernetes" / "kernel-pod.yaml.j2").read_text()).render(
-        **KERNEL_VARIABLES, **extra
-    )
-    return cast("dict[str, Any]", yaml.safe_load(text))
 
 
 def test_the_kernel_pod_runs_as_non_root_on_a_read_only_root_with_no_token_and_fixed_limits() -> None:
@@ -71,3 +54,10 @@ def test_the_kernel_image_installs_ipybox_and_runs_as_a_non_root_user() -> None:
     assert re.search(r'pip install [^\n]*"ipybox==\$\{IPYBOX_VERSION\}"', dockerfile)
     users = re.findall(r"^USER\s+(\S+)", dockerfile, flags=re.M)
     assert users and users[-1].split(":")[0] not in ("0", "root")
+
+
+def test_the_kernel_image_and_the_pod_run_the_kernel_as_the_same_user_and_group() -> None:
+    # The pod's runAsUser/runAsGroup override the image's USER; the two disagreeing would mean one
+    # of the files was changed without the other.
+    security = render_pod({})["spec"]["securityContext"]
+    assert dockerfile_user() == (security["runAsUser"], security["runAsGroup"])

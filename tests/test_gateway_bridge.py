@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 from ipybox._approval import ApprovalDecision
-from ipybox._channel import ToolRequest
 from ipybox._gateway._bridge import ToolBridge
-from ipybox._toolserver import ToolServer
+from ipybox._toolserver._channel import ToolRequest
+from ipybox._toolserver._server import ToolServer
 
 pytestmark = pytest.mark.anyio
 

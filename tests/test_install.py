@@ -16,15 +16,13 @@ from pathlib import Path
 
 import anyio
 import pytest
+from install_support import REPO
 from mcp import Client, StdioServerParameters, types
 
 import ipybox
 
 pytestmark = [pytest.mark.anyio, pytest.mark.install, pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parents[1]
-# Building the wheel: uv fetches hatchling into its (temporary) cache first.
-BUILD_TIMEOUT = 120.0
 # pip resolves and downloads ~90 packages from the index into an empty cache.
 INSTALL_TIMEOUT = 240.0
 # The installed server's start (import mcp), its first sandboxed kernel and one cell.
@@ -40,23 +38,13 @@ def _readme_example() -> str:
     return found.group(1)
 
 
-def _uv() -> list[str]:
-    # scripts/setup.sh installs uv as a module of the system python3; a standalone uv works as well.
-    found = shutil.which("uv")
-    return [found] if found else ["python3", "-m", "uv"]
-
-
 async def test_the_built_wheel_installs_with_pip_into_a_fresh_venv_serves_mcp_and_runs_the_readme_example(
-    tmp_path: Path,
+    tmp_path: Path, ipybox_wheel: Path
 ) -> None:
-    # Every cache lives in tmp_path, so the test reuses nothing from earlier runs and leaves nothing.
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
-    env |= {"UV_CACHE_DIR": str(tmp_path / "uv-cache"), "PIP_CACHE_DIR": str(tmp_path / "pip-cache")}
-    dist, venv = tmp_path / "dist", tmp_path / "venv"
-
-    with anyio.fail_after(BUILD_TIMEOUT):
-        await anyio.run_process([*_uv(), "build", "--wheel", "--out-dir", str(dist), str(REPO)], env=env)
-    (wheel,) = dist.glob("ipybox-*.whl")
+    # Every cache lives in a temporary directory (the wheel's build cache too), so the test reuses
+    # nothing from earlier runs and leaves nothing.
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"PIP_CACHE_DIR": str(tmp_path / "pip-cache")}
+    venv, wheel = tmp_path / "venv", ipybox_wheel
     assert wheel.name == f"ipybox-{ipybox.__version__}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as archive:
         assert f"ipybox-{ipybox.__version__}.dist-info/licenses/LICENSE" in archive.namelist()

@@ -19,8 +19,8 @@ from servers.fixtures import KERNEL_TIMEOUT, tool_channel
 
 import ipybox_kernel
 from ipybox._approval import ApprovalDecision
-from ipybox._channel import ToolRequest
 from ipybox._mcp import HttpServer
+from ipybox._toolserver._channel import ToolRequest
 
 pytestmark = pytest.mark.anyio
 

@@ -15,6 +15,7 @@ import os
 import struct
 import subprocess
 import sys
+import textwrap
 import zlib
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
@@ -31,6 +32,7 @@ from mcp import Client, StdioServerParameters, types
 from mcp.client.context import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from memory_support import reset_resident_peak, resident, resident_peak
+from network_support import serving
 from servers.fixtures import stdio_server, wait_for_exit
 
 import ipybox
@@ -787,6 +789,43 @@ async def test_with_a_pool_a_new_http_session_runs_in_a_kernel_started_before_it
             await _wait_for_removal(pooled)
     await _assert_clean(server.tmp)
     assert [p.name for p in (server.workspace / "sessions").iterdir()] == []
+
+
+async def test_with_a_pool_skills_and_a_network_a_new_http_session_uses_both_in_a_kernel_started_before_it(
+    tmp_path: Path,
+) -> None:
+    skills = tmp_path / "skills"
+    ipybox.save_skill(skills, "doubler", "def run(x: int) -> int:\n    return 2 * x\n", description="Doubles")
+    options = ["--pool", "1", "--approval", "auto", "--skills-dir", str(skills)]
+    with serving() as web:
+        fetch = textwrap.dedent(
+            f"""
+            import http.client, os
+            connection = http.client.HTTPConnection(os.environ["HTTP_PROXY"].removeprefix("http://"), timeout=30)
+            connection.request("GET", f"http://127.0.0.1:{web.port}/session")
+            print(connection.getresponse().read().decode())
+            """
+        )
+        async with _http_ipybox(tmp_path, *options, "--allow-net", f"127.0.0.1:{web.port}") as server:
+            pooled = await _wait_for_entry(server.workspace / "sessions")
+            with anyio.fail_after(START_TIMEOUT * 2):
+                async with _http_client(server) as client:
+                    cwd = await _call(client, "execute_ipython_cell", code="import os\nprint(os.getcwd())")
+                    assert Path(_text(cwd).strip()) == pooled
+                    used = await _call(client, "execute_ipython_cell", code="from skills.doubler import run\nrun(21)")
+                    assert _text(used) == "42\n"
+                    code = "def run(x: int) -> int:\n    return x + 1\n"
+                    saved = await _call(client, "save_skill", name="incrementer", code=code, description="Adds one")
+                    assert not saved.is_error, _text(saved)
+                    later = await _call(
+                        client, "execute_ipython_cell", code="from skills.incrementer import run\nrun(1)"
+                    )
+                    assert _text(later) == "2\n"
+                    fetched = await _call(client, "execute_ipython_cell", code=fetch)
+                    assert _text(fetched) == f"hello /session for 127.0.0.1:{web.port}\n"
+                await _wait_for_removal(pooled)
+        assert web.paths == ["/session"]
+    await _assert_clean(server.tmp)
 
 
 def test_a_pool_is_refused_over_stdio_where_there_is_one_session(tmp_path: Path) -> None:

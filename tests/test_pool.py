@@ -129,8 +129,8 @@ async def test_an_executor_from_a_pool_calls_tools_with_approval_and_keeps_its_p
         requests, result = await collect(executor, code)
         assert result.text == "Hello, pool!\n" and [r.tool_name for r in requests] == ["greet"]
         # As if installed with executor.install: a package in the executor's private directory.
-        assert executor._home is not None
-        (executor._home / "packages" / "pool_marker.py").write_text("VALUE = 'kept'\n")
+        assert executor._side.home is not None
+        (executor._side.home / "packages" / "pool_marker.py").write_text("VALUE = 'kept'\n")
         await executor.reset()
         assert running(executor) != first
         # The new kernel came with its own tool socket and token; the host serves both now.
@@ -146,7 +146,7 @@ async def test_closing_a_pool_leaves_no_process_cgroup_directory_or_socket_behin
         await full(pool)
         async with CodeExecutor(workspace=workspace, tools_dir=None, pool=pool) as executor:
             await executor.execute("print(1)")
-            taken = executor._home
+            taken = executor._side.home
         await full(pool)
         leases = list(pool._ready)
         kernels = [lease.kernel for lease in leases if lease.kernel is not None]

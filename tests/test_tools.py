@@ -13,7 +13,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from approval_support import collect
+from approval_support import CATCH_REJECTED, collect
 from servers.fixtures import stdio_server
 
 from ipybox import (
@@ -56,15 +56,7 @@ async def test_an_accepted_call_runs_and_the_request_shows_what_the_host_will_ru
 
 
 async def test_a_rejected_call_raises_tool_call_rejected_that_code_can_catch(asking: CodeExecutor) -> None:
-    code = (
-        "from ipybox_kernel import ToolCallRejected\n"
-        "from mcptools.test import delete_item\n"
-        "try:\n"
-        "    delete_item.run({'item_id': 'a1'})\n"
-        "except ToolCallRejected as e:\n"
-        "    print('caught:', e.reason)"
-    )
-    _, result = await collect(asking, code, {"delete_item": False}, reason="not today")
+    _, result = await collect(asking, CATCH_REJECTED, {"delete_item": False}, reason="not today")
     assert result.text == "caught: not today\n"
 
 

@@ -23,11 +23,11 @@ from servers.fixtures import SERVER_SCRIPT, Channel, RecordingGate, stdio_server
 from servers.test_server import png_bytes
 
 from ipybox._approval import ApprovalDecision
-from ipybox._channel import MAX_LINE_BYTES, ToolRequest
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer
-from ipybox._toolerrors import ToolCallFailed, tool_errors
-from ipybox._toolserver import HANGUP_WATCH_AFTER, ToolServer
+from ipybox._toolserver._channel import MAX_LINE_BYTES, ToolRequest
+from ipybox._toolserver._errors import ToolCallFailed, tool_errors
+from ipybox._toolserver._server import HANGUP_WATCH_AFTER, ToolServer
 
 pytestmark = pytest.mark.anyio
 

@@ -23,8 +23,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ipybox._channel import MAX_REPLY_BYTES, ToolErrorReply, encode_reply
-from ipybox._toolserver import MAX_CONNECTIONS
+from ipybox._toolserver._channel import MAX_REPLY_BYTES, ToolErrorReply, encode_reply
+from ipybox._toolserver._server import MAX_CONNECTIONS
 
 __all__ = ("MAX_ANSWER_BYTES", "ToolBridge")
 

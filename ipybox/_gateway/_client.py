@@ -12,18 +12,19 @@ treated as lost, as a local kernel that breaks its channel is killed), a large m
 checked for its number of values before it is parsed, only the message kinds the host reads are
 kept, output beyond an execution's budget is dropped, and each request's queue is bounded.
 
-A lost websocket (network, gateway restart, the kernel's pod deleted) ends the kernel for the
-executor: the running execution fails with `KernelConnectionLost`, the remote kernel is deleted, and
-the next execution gets a fresh one. Keep-alive pings notice a silent peer within a minute.
+A lost websocket (a proxy's idle timeout, a load balancer, a network blip) is opened again to the
+same kernel with the same session (`ipybox._gateway._link`), the gateway replays what the kernel sent
+meanwhile, and the running execution goes on once the kernel is checked (`ipybox._gateway._recovery`).
+A kernel that died, that the gateway no longer has, that restarted, whose reply was lost in flight,
+or that cannot be reached within `GatewayKernel.reconnect_timeout` is lost for the executor: the
+running execution fails with `KernelConnectionLost`, the remote kernel is deleted, and the next
+execution gets a fresh one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import math
-import socket
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import asynccontextmanager
@@ -32,25 +33,26 @@ from typing import Any, cast
 
 import anyio
 import httpx
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import InvalidHandshake, InvalidStatus
 
-from ipybox._channel import MAX_JSON_VALUES
 from ipybox._config import Limits
 from ipybox._exceptions import KernelConnectionLost, KernelStartError
 from ipybox._gateway._bridge import ToolBridge
 from ipybox._gateway._config import GatewayKernel
+from ipybox._gateway._link import Link
+from ipybox._gateway._recovery import Recovery, Request
 from ipybox._kernel._messages import (
     OUTPUT_TYPES,
     READ_TYPES,
     Error,
-    Inbox,
     KernelEvent,
     Reply,
     execution_events,
     message_limit,
 )
-from ipybox._toolsocket import shape_problem
+from ipybox._toolserver._channel import MAX_JSON_VALUES
+from ipybox._toolserver._request import shape_problem
 
 __all__ = ("RemoteKernel",)
 
@@ -71,9 +73,6 @@ _MAX_DEPTH = 64 + 8
 _READY_RETRY = 1.0
 # Deleting a kernel normally takes a fraction of a second (the gateway asks it to shut down first).
 _DELETE_TIMEOUT = 10.0
-# Websocket keep-alive: a silent peer (a dropped network) is noticed within the sum.
-_PING_INTERVAL = 20.0
-_PING_TIMEOUT = 20.0
 
 
 class RemoteKernel:
@@ -89,17 +88,25 @@ class RemoteKernel:
         self.config = config
         self.kernel_id = kernel_id
         self._http = http
-        self._ws: ClientConnection | None = None
-        self._session = uuid.uuid4().hex
-        self._waiters: dict[str, Inbox] = {}
+        self._waiters: dict[str, Request] = {}
         self._message_limit = message_limit(limits.output_chars)
-        self._outbox, self._outgoing = anyio.create_memory_object_stream[str](math.inf)
         self._bridge: ToolBridge | None = None
         self._deleted = False
         self.exit_code: int | None = None
         self.stop_reason: str | None = None
         """Why the kernel is gone for the host, once it is."""
         self.exited = anyio.Event()
+        self.link = Link(
+            config, kernel_id, uuid.uuid4().hex, frame_limit=self.frame_limit, route=self._route, stopped=self.exited
+        )
+        self._recovery = Recovery(
+            self._waiters,
+            budget=self._message_limit,
+            message=self._message,
+            queued=self.link.queued_ids,
+            lose=self._lose,
+            new_id=self.new_msg_id,
+        )
 
     @property
     def frame_limit(self) -> int:
@@ -126,7 +133,7 @@ class RemoteKernel:
             "stop_on_error": False,
         }
         msg_id = msg_id or self.new_msg_id()
-        inbox = self._waiters[msg_id] = Inbox(self._message_limit)
+        inbox = self._waiters[msg_id] = Request(self._message_limit)
         try:
             if self.exited.is_set():
                 inbox.close()
@@ -139,6 +146,8 @@ class RemoteKernel:
         finally:
             self._waiters.pop(msg_id, None)
             inbox.close()
+            if not self._waiters:
+                self._recovery.forget_answers()
 
     def lost_error(self) -> KernelConnectionLost:
         return KernelConnectionLost(
@@ -174,48 +183,33 @@ class RemoteKernel:
 
     # -- the websocket ----------------------------------------------------------------------------
 
-    def _send(self, channel: str, msg_type: str, content: dict[str, Any], msg_id: str | None = None) -> None:
-        if self.exited.is_set():
-            return
+    def _message(self, channel: str, msg_type: str, content: dict[str, Any], msg_id: str | None = None) -> str:
         header = {
             "msg_id": msg_id or self.new_msg_id(),
             "msg_type": msg_type,
-            "session": self._session,
+            "session": self.link.session,
             "username": "ipybox",
             "version": "5.3",
             "date": "",
         }
         msg = {"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": channel}
-        self._outbox.send_nowait(json.dumps(msg))
+        return json.dumps(msg)
+
+    def _send(self, channel: str, msg_type: str, content: dict[str, Any], msg_id: str | None = None) -> str | None:
+        """Queue a message for the kernel (written once the link is up); the message, unless the kernel is gone."""
+        if self.exited.is_set():
+            return None
+        text = self._message(channel, msg_type, content, msg_id)
+        refused = self.link.queue(msg_id, text)
+        if refused is not None:
+            self._lose(refused)
+            return None
+        return text
 
     def _answer_tool(self, answer: dict[str, Any]) -> None:
-        self._send("control", _TOOL_REPLY, answer)
-
-    async def _write(self, ws: ClientConnection) -> None:
-        async for text in self._outgoing:
-            try:
-                await ws.send(text)
-            except ConnectionClosed:
-                return  # the reader reports it
-
-    async def _read(self, ws: ClientConnection) -> None:
-        """Route every message until the websocket ends, then mark the kernel lost."""
-        sock = cast("socket.socket | None", ws.transport.get_extra_info("socket"))
-        quickack = getattr(socket, "TCP_QUICKACK", None)
-        try:
-            async for raw in ws:
-                if quickack is not None and sock is not None:
-                    # The gateway writes with Nagle's algorithm on: its next small message waits for
-                    # our acknowledgement of the last one, which delayed ACKs hold back by up to 40 ms.
-                    with contextlib.suppress(OSError):
-                        sock.setsockopt(socket.IPPROTO_TCP, quickack, 1)
-                if isinstance(raw, str):
-                    await self._route(raw)
-                # Binary messages carry buffers (widgets); nothing on the host reads them.
-        except ConnectionClosed as exc:
-            self._lose(f"the websocket to the gateway closed ({exc})")
-        else:
-            self._lose(f"the gateway closed the websocket (code {ws.close_code}, {ws.close_reason or 'no reason'})")
+        text = self._send("control", _TOOL_REPLY, answer)
+        if text is not None and "line" in answer:
+            self._recovery.keep_answer(text)
 
     async def _route(self, raw: str) -> None:
         if len(raw) > _SHAPE_CHECK_FROM and shape_problem(raw.encode(errors="replace"), _MAX_DEPTH, MAX_JSON_VALUES):
@@ -239,13 +233,18 @@ class RemoteKernel:
                 if content.get("comm_id") == _TOOL_COMM and isinstance(data, dict) and self._bridge is not None:
                     self._bridge.receive(cast("dict[str, Any]", data))
                 return
-            if kind == "status" and content.get("execution_state") in ("restarting", "dead"):
+            state = content.get("execution_state") if kind == "status" else None
+            if state in ("restarting", "dead") or (state == "starting" and self.link.resumable):
                 # The gateway restarts a kernel process that died; its state is gone all the same.
-                self._lose(f"the kernel process on the gateway died (status {content.get('execution_state')!r})")
+                self._lose(f"the kernel process on the gateway died or restarted (status {state!r})")
                 return
         inbox = self._waiters.get(cast("dict[str, object]", parent).get("msg_id"))  # pyright: ignore[reportArgumentType]
         if inbox is None or kind not in READ_TYPES:
             return
+        if kind == "status":
+            inbox.idle = inbox.idle or content.get("execution_state") == "idle"
+        elif kind in ("execute_reply", "kernel_info_reply"):
+            inbox.replied = True
         size = len(raw)
         if kind in OUTPUT_TYPES:
             if size > inbox.budget:
@@ -260,7 +259,6 @@ class RemoteKernel:
             return
         self.stop_reason = reason
         self.exited.set()
-        self._outbox.close()
         for inbox in list(self._waiters.values()):
             inbox.close()
         if self._bridge is not None:
@@ -268,7 +266,7 @@ class RemoteKernel:
 
     async def _wait_ready(self) -> None:
         """Return once the kernel answers a kernel_info request; the caller bounds the wait."""
-        inbox = Inbox(self._message_limit)
+        inbox = Request(self._message_limit)
         sent: list[str] = []
         try:
             while not self.exited.is_set():
@@ -278,6 +276,7 @@ class RemoteKernel:
                 with anyio.move_on_after(_READY_RETRY):
                     async for raw in inbox:
                         if raw["header"]["msg_type"] == "kernel_info_reply":
+                            self._recovery.kernel_session = raw["header"].get("session")
                             return
         finally:
             for msg_id in sent:
@@ -285,17 +284,27 @@ class RemoteKernel:
             inbox.close()
         raise KernelStartError(f"the kernel on the gateway was lost during start-up: {self.stop_reason}")
 
+    async def _connect(self, ws: ClientConnection) -> None:
+        """Serve the link until it is given up, then mark the kernel lost with the link's reason."""
+        self._lose(await self.link.run(ws, self._recovery.resume))
+
     async def _run_setup(self, cell: str) -> None:
-        errors = [
-            str(event)
-            async for event in self.execute(cell, silent=True)
-            if isinstance(event, Error) or (isinstance(event, Reply) and event.status != "ok")
-        ]
-        if errors:
-            raise KernelStartError(
-                "preparing the kernel on the gateway failed (pushing ipybox_kernel and the tool modules, or "
-                "installing the tool transport): " + "; ".join(errors)[:4000]
+        # The error's name and value only: its traceback quotes the cell, which holds the tool token.
+        errors: list[str] = []
+        failed = False
+        async for event in self.execute(cell, silent=True):
+            if isinstance(event, Error):
+                errors.append(f"{event.ename}: {event.evalue}")
+            failed = failed or (isinstance(event, Reply) and event.status != "ok")
+        if errors or failed:
+            where = (
+                "pushing ipybox_kernel and the tool modules, or installing the tool transport"
+                if self.config.push_sources
+                else "with push_sources=False, the kernel's image must provide ipybox_kernel and the tool modules, "
+                "installed from the host's ipybox version"
             )
+            detail = "; ".join(errors) or "the setup cell did not complete"
+            raise KernelStartError(f"preparing the kernel on the gateway failed ({where}): {detail[:4000]}")
 
     # -- start-up -----------------------------------------------------------------------------------
 
@@ -322,19 +331,10 @@ class RemoteKernel:
             kernel_id = await _create(http, config, start_timeout, deadline)
             kernel = cls(config, kernel_id, http, limits)
             try:
-                ws_url = "ws" + config.base.removeprefix("http") + f"/api/kernels/{kernel_id}/channels"
                 failure: KernelStartError | None = None
                 try:
                     with anyio.fail_at(deadline):
-                        ws = await connect(
-                            ws_url,
-                            additional_headers=config.http_headers(),
-                            max_size=kernel.frame_limit,
-                            compression=None,
-                            ping_interval=_PING_INTERVAL,
-                            ping_timeout=_PING_TIMEOUT,
-                            open_timeout=None,
-                        )
+                        ws = await kernel.link.open()
                 except (OSError, InvalidHandshake, TimeoutError) as exc:
                     detail = (
                         f"HTTP {exc.response.status_code}" if isinstance(exc, InvalidStatus) else str(exc) or "timeout"
@@ -344,10 +344,8 @@ class RemoteKernel:
                         "that starts many kernels at once may need a longer Timeouts.start)"
                     ) from None
                 async with ws, anyio.create_task_group() as tg:
-                    kernel._ws = ws
                     kernel._bridge = ToolBridge(tool_socket, kernel._answer_tool, tg)
-                    tg.start_soon(kernel._read, ws)
-                    tg.start_soon(kernel._write, ws)
+                    tg.start_soon(kernel._connect, ws)
                     try:
                         with anyio.fail_at(deadline):
                             await kernel._wait_ready()
@@ -360,6 +358,8 @@ class RemoteKernel:
                     except KernelStartError as exc:
                         failure = exc
                     if failure is None:
+                        # From here on a lost connection is reopened (before, the start fails instead).
+                        kernel.link.resumable = True
                         try:
                             yield kernel
                         finally:
@@ -372,7 +372,6 @@ class RemoteKernel:
                     raise failure
             finally:
                 kernel._lose("the executor stopped or replaced it")
-                kernel._outgoing.close()
                 with anyio.CancelScope(shield=True):
                     await kernel.delete()
 

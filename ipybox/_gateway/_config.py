@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -19,8 +20,11 @@ class GatewayKernel:
     Pass it as ``CodeExecutor(kernel=GatewayKernel(...))``. The kernel is started with the gateway's
     REST API (``POST /api/kernels``), driven over its websocket, and deleted when the executor stops
     or replaces it. Tool calls from kernel code come back to the host over that websocket and are
-    approved on the host as for a local kernel. See the "Remote kernels" page of the documentation
-    for what differs (the sandbox is the gateway's: a Kubernetes pod, say).
+    approved on the host as for a local kernel. A lost websocket is opened again to the same kernel
+    within ``reconnect_timeout``, and the running execution goes on with the output the gateway kept
+    meanwhile; a kernel that cannot be reached again fails the execution with
+    `KernelConnectionLost` and is replaced. See the "Remote kernels" page of the documentation for
+    what differs (the sandbox is the gateway's: a Kubernetes pod, say).
 
     Needs the ``gateway`` extra (``pip install 'ipybox[gateway]'``).
 
@@ -34,7 +38,10 @@ class GatewayKernel:
             Kernel Gateway passes only those its ``env_whitelist`` allows.
         push_sources: Send ``ipybox_kernel`` and the generated tool modules into the kernel at each
             start, through cells. False: the kernel image provides them (same ipybox version).
-        request_timeout: Seconds one REST request may take.
+        request_timeout: Seconds one REST request, or one attempt to reopen the websocket, may take.
+        reconnect_timeout: Seconds to spend reopening a lost websocket to the same kernel (same
+            kernel id and session, so the gateway replays what it buffered meanwhile) before the
+            kernel is given up for lost. 0: give it up at once, as a kernel that died.
     """
 
     url: str
@@ -44,6 +51,7 @@ class GatewayKernel:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     push_sources: bool = True
     request_timeout: float = 30.0
+    reconnect_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url) if isinstance(self.url, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -66,6 +74,12 @@ class GatewayKernel:
             object.__setattr__(self, what, MappingProxyType(dict(given)))  # pyright: ignore[reportUnknownArgumentType]
         if not self.request_timeout > 0:
             raise UsageError(f"GatewayKernel request_timeout must be positive, got {self.request_timeout!r}")
+        reconnect = self.reconnect_timeout
+        if isinstance(reconnect, bool) or not isinstance(reconnect, int | float) or not 0 <= reconnect < math.inf:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(
+                "GatewayKernel reconnect_timeout must be a finite number of seconds, 0 or more (0 turns reconnecting "
+                f"off), got {reconnect!r}"
+            )
 
     @property
     def base(self) -> str:

@@ -268,6 +268,19 @@ def _free(name: str, taken: set[str]) -> str:
     return candidate
 
 
+def _imported_side(
+    schema: Any, side: Side, notes: list[str], fallbacks: list[Side], imports: dict[str, Import]
+) -> Parsed:
+    """`_side`, its imports merged into ``imports``; the permissive model if they clash with those there."""
+    parsed = _side(schema, side, notes, fallbacks)
+    if not _merge_imports(imports, parsed.imports):
+        notes.append(f"{side}: generated imports clash with the module's own; using a permissive model")
+        fallbacks.append(side)
+        parsed = _fallback(side)
+        _merge_imports(imports, parsed.imports)
+    return parsed
+
+
 def _merge_imports(into: dict[str, Import], extra: Mapping[str, Import]) -> bool:
     if any(name in into and into[name] != origin for name, origin in extra.items()):
         return False
@@ -297,20 +310,8 @@ def generate_tool_models(
     notes: list[str] = []
     fallbacks: list[Side] = []
     imports: dict[str, Import] = dict(extra_imports)
-    params = _side(input_schema, "Params", notes, fallbacks)
-    if not _merge_imports(imports, params.imports):
-        notes.append("Params: generated imports clash with the module's own; using a permissive model")
-        fallbacks.append("Params")
-        params = _fallback("Params")
-        _merge_imports(imports, params.imports)
-    result: Parsed | None = None
-    if output_schema is not None:
-        result = _side(output_schema, "Result", notes, fallbacks)
-        if not _merge_imports(imports, result.imports):
-            notes.append("Result: generated imports clash with the module's own; using a permissive model")
-            fallbacks.append("Result")
-            result = _fallback("Result")
-            _merge_imports(imports, result.imports)
+    params = _imported_side(input_schema, "Params", notes, fallbacks, imports)
+    result = None if output_schema is None else _imported_side(output_schema, "Result", notes, fallbacks, imports)
 
     if ("pydantic", "ConfigDict") not in imports.values():
         # Every model gets a model_config (see _configure_model); generated classes must not shadow it.

@@ -2,9 +2,9 @@
 
 Run it with ``ipybox mcp`` or ``python -m ipybox.mcp_server``. ``_config`` holds the options and
 `ServerConfig` (light: ``ipybox --help`` reads it), ``_sessions`` a session's executor and the
-approval of its tool calls, ``_server`` the MCP tools, ``_http`` the transports and the command
-line. The names below are imported on first use, so importing this package does not load the MCP
-server stack.
+approval of its tool calls, ``_server`` the server (`build_server`), ``_tools`` the MCP tools it
+serves, ``_http`` the transports and the command line. The names below are imported on first use,
+so importing this package does not load the MCP server stack.
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ class ServerConfig:
             (``network:<host>:<port>`` globs in ``allow``/``deny``) and then the mode.
         pool_size: Over HTTP, kernels kept started for new sessions (0: none), so that a new
             session's first cell does not wait for its kernel to start. Each pooled kernel comes with
-            its own directory ``sessions/<random>`` and tools directory.
+            its own directory ``sessions/<random>`` and tools directory, the shared ``skills_dir``
+            mounted, and with ``network`` the forwarder to its session's proxy.
     """
 
     workspace: Path
@@ -129,13 +130,6 @@ class ServerConfig:
                 raise UsageError(f"{name} must be at least 1, got {size!r}")
         if self.pool_size < 0:
             raise UsageError(f"pool_size must be a number of kernels (0 for no pool), got {self.pool_size!r}")
-        if self.pool_size and (self.network is not None or self.skills_dir is not None):
-            # A pooled kernel is started before its session, without the session's network proxy
-            # socket or skills mount; KernelPool does not make those yet.
-            raise UsageError(
-                "pool_size (--pool) cannot be combined with network (--allow-net/--ask-net) or skills_dir "
-                "(--skills-dir) yet; drop one of them"
-            )
 
 
 def _load_config_file(path: Path) -> dict[str, Any]:

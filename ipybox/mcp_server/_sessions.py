@@ -394,7 +394,8 @@ def session_pool(config: ServerConfig) -> AbstractAsyncContextManager[KernelPool
     """The pool new sessions take their first kernel from, if ``config`` asks for one.
 
     Each of its kernels has its own workspace in ``sessions/`` and its own tools directory, as a
-    session over HTTP has.
+    session over HTTP has, and the skills directory all sessions share. With a network each is
+    ready for its session's proxy, which serves it with ``config.network``.
     """
     if not config.pool_size:
         return nullcontext()
@@ -409,6 +410,8 @@ def session_pool(config: ServerConfig) -> AbstractAsyncContextManager[KernelPool
         tools_dir=_TOOLS_PACKAGE,
         timeouts=config.timeouts,
         separate_workspaces=True,
+        skills_dir=config.skills_dir,
+        network=config.network is not None,
     )
 
 

@@ -7,8 +7,8 @@ private directory (mounted read-only into the sandbox, like the tool socket). Pe
 proxy
 
 1. checks the executor's token (the connection's first line) and that a code action is running,
-2. reads one HTTP/1.1 request head with h11: ``CONNECT host:port`` (a tunnel: TLS stays
-   end-to-end, nothing is intercepted) or an absolute-form ``GET http://host/...``,
+2. reads one HTTP/1.1 request head with h11 (`._http`): ``CONNECT host:port`` (a tunnel: TLS
+   stays end-to-end, nothing is intercepted) or an absolute-form ``GET http://host/...``,
 3. decides: listed in `Network.allow`, allowed for the executor by an earlier answer, or else
    denied or asked (a `NetworkRequest` through the executor's approval machinery),
 4. resolves the name on the host and checks every address (`address_problem`), then connects to
@@ -28,7 +28,6 @@ import logging
 import math
 import os
 import socket
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import asdict, dataclass, field
@@ -37,24 +36,22 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import h11
 
 from ipybox._approval import ApprovalDecision
-from ipybox._toolsocket import accept_one, bind_socket, remove_socket
+from ipybox._exceptions import UsageError
+from ipybox._unixsocket import accept_one, bind_socket, remove_socket
 
-from ._policy import HOST_LABEL, IPAddress, Network, NetworkEvent, address_problem, normalize_host, parse_ip
+from ._http import Refused, Target, error_reply, read_head
+from ._policy import IPAddress, Network, NetworkEvent, address_problem, parse_ip
 
 __all__ = ("Asker", "NetworkProxy")
 
 logger = logging.getLogger("ipybox.network")
 
-# A request head larger than this is refused (real ones are a few hundred bytes).
-MAX_HEAD_BYTES = 16 * 1024
+# What one read of the relay moves.
 _CHUNK = 64 * 1024
 # Connections over max_connections still served, to be told why they are refused (HTTP 503).
 _PENDING_EXTRA = 32
-# Headers that describe the hop to the proxy, not the request: never passed on.
-_HOP_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-authorization", b"proxy-connection", b"te", b"upgrade"})
 _STRAY = (
     "no code action of this executor is running; connections are only made for the running code "
     "action (threads or tasks left running after theirs ended cannot connect)"
@@ -66,14 +63,6 @@ Asker = Callable[[str, int, str], Awaitable[ApprovalDecision]]
 """Decides a connection to an unlisted ``host``, ``port`` for an execution (policy, callback or event)."""
 
 
-class _Refused(Exception):
-    def __init__(self, status: int, reason: str, kind: str = "denied") -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.kind = kind
-
-
 @dataclass
 class _Usage:
     """One execution's connections and bytes."""
@@ -81,15 +70,6 @@ class _Usage:
     bytes: int = 0
     over: bool = False
     scopes: set[anyio.CancelScope] = field(default_factory=set[anyio.CancelScope])
-
-
-@dataclass
-class _Target:
-    host: str
-    port: int
-    connect: bool
-    head: bytes = b""
-    """For plain HTTP: the request head to send upstream (origin-form, ``Connection: close``)."""
 
 
 class NetworkProxy:
@@ -101,10 +81,20 @@ class NetworkProxy:
         token: The secret the forwarder sends first on every connection.
         running: The id of the execution running now (None between executions).
         ask: Decides connections to unlisted destinations when the policy asks.
+        listener: A listening socket already bound at ``socket_path`` (a pooled kernel's, bound before
+            the kernel started so that its sandbox could mount it), served instead of binding one.
+            The proxy owns it from then on.
     """
 
     def __init__(
-        self, network: Network, *, socket_path: Path, token: str, running: Callable[[], str | None], ask: Asker
+        self,
+        network: Network,
+        *,
+        socket_path: Path,
+        token: str,
+        running: Callable[[], str | None],
+        ask: Asker,
+        listener: socket.socket | None = None,
     ) -> None:
         self.network = network
         self._socket_path = socket_path
@@ -115,6 +105,9 @@ class NetworkProxy:
         self._remembered: set[tuple[str, int]] = set()
         self._open = 0
         self._tg: anyio.abc.TaskGroup | None = None
+        self._given_listener = listener
+        # The cancel scope of each listener serving now (more than one after a rebind).
+        self._listeners: list[anyio.CancelScope] = []
 
     @property
     def socket_path(self) -> Path:
@@ -122,31 +115,68 @@ class NetworkProxy:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen and serve until cancelled; ready once the socket accepts connections."""
-        listener = bind_socket(self._socket_path)
-        inode = os.stat(self._socket_path).st_ino
+        listener, self._given_listener = self._given_listener or bind_socket(self._socket_path), None
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                tg.start_soon(self._accept, listener)
+                self._listen(listener, os.stat(self._socket_path).st_ino)
                 task_status.started()
         finally:
             self._tg = None
-            listener.close()
-            remove_socket(self._socket_path, inode)
+            self._listeners.clear()
+            listener.close()  # if it never got to serve; closing twice is harmless
 
     def rebind(self) -> None:
         """Bind the socket file again if it is gone (see `ToolServer.rebind`)."""
         if self._tg is None or self._socket_path.exists():
             return
-        self._tg.start_soon(self._serve_listener, bind_socket(self._socket_path))
+        listener = bind_socket(self._socket_path)
+        self._listen(listener, os.stat(self._socket_path).st_ino)
 
-    async def _serve_listener(self, listener: socket.socket) -> None:
-        inode = os.stat(self._socket_path).st_ino
+    # -- following the kernel (a pooled kernel comes with its own socket and token) ------------
+
+    def move(self, socket_path: Path, token: str, *, listener: socket.socket | None = None) -> None:
+        """Serve at ``socket_path`` with ``token`` from now on, for a kernel started with them, and
+        stop listening where the proxy listened before (see `ToolServer.move`).
+
+        Connections already past the token check stay until their execution ends; new ones must
+        bring ``token``. ``listener``, if given, is already bound there and is owned by the proxy.
+
+        Raises:
+            UsageError: The proxy is not running, or the socket path is unusable.
+            OSError: The socket could not be bound, or its file is gone.
+        """
+        if self._tg is None:
+            raise UsageError("move() needs a running NetworkProxy ('await task_group.start(proxy.run)')")
+        listener = listener or bind_socket(socket_path)
         try:
-            await self._accept(listener)
-        finally:
+            inode = os.stat(socket_path).st_ino
+        except OSError:
             listener.close()
-            remove_socket(self._socket_path, inode)
+            raise
+        old, self._listeners = self._listeners, []
+        self._socket_path, self._token = socket_path, token.encode()
+        self._listen(listener, inode)
+        for scope in old:
+            scope.cancel()
+
+    def _listen(self, listener: socket.socket, inode: int) -> None:
+        """Accept connections on ``listener`` until `move` or the end of `run`; then close it and
+        remove its socket file (``inode``, unless someone bound another there since)."""
+        assert self._tg is not None
+        path = self._socket_path
+        scope = anyio.CancelScope()
+        self._listeners.append(scope)
+
+        async def serve() -> None:
+            try:
+                with scope:
+                    await self._accept(listener)
+            finally:
+                listener.close()
+                remove_socket(path, inode)
+
+        self._tg.start_soon(serve)
 
     def end_execution(self, execution_id: str) -> None:
         """Close the execution's connections and forget its byte count."""
@@ -171,46 +201,46 @@ class NetworkProxy:
     # -- one connection ------------------------------------------------------------------------
 
     async def _serve(self, stream: anyio.abc.UNIXSocketStream) -> None:
-        target: _Target | None = None
+        target: Target | None = None
         execution: str | None = None
         try:
             async with stream:
                 try:
                     with anyio.fail_after(self.network.connect_timeout):
                         buffered = await self._check_token(stream)
-                        target, rest = await _read_head(stream, buffered)
+                        target, rest = await read_head(stream, buffered)
                     execution = self._running()
                     if execution is None:
-                        raise _Refused(403, _STRAY)
+                        raise Refused(403, _STRAY)
                     usage = self._usage.setdefault(execution, _Usage())
                     if self._open > self.network.max_connections:
-                        raise _Refused(
+                        raise Refused(
                             503,
                             f"the executor has {self.network.max_connections} network connections open, its "
                             "limit (Network.max_connections); close some first",
                             kind="limit",
                         )
                     if usage.over:
-                        raise _Refused(403, self._over_reason(), kind="limit")
+                        raise Refused(403, self._over_reason(), kind="limit")
                     with anyio.CancelScope() as scope:
                         usage.scopes.add(scope)
                         try:
                             await self._open_and_relay(stream, target, rest, execution, usage)
                         finally:
                             usage.scopes.discard(scope)
-                except _Refused as refused:
+                except Refused as refused:
                     if target is not None:
                         self._emit(refused.kind, target, execution, reason=refused.reason)
                     else:
                         logger.warning("network connection refused before its request: %s", refused.reason)
                     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                        await stream.send(_reply(refused.status, refused.reason))
+                        await stream.send(error_reply(refused.status, refused.reason))
                 except TimeoutError:
                     reason = f"no answer within {self.network.connect_timeout:g} s (Network.connect_timeout)"
                     if target is not None:
                         self._emit("limit", target, execution, reason=reason)
                     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                        await stream.send(_reply(504, reason))
+                        await stream.send(error_reply(504, reason))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError):
             pass  # the kernel hung up; nothing to tell it
         except Exception:  # a task of the proxy's group: one connection's fault must not end the proxy
@@ -222,15 +252,15 @@ class NetworkProxy:
         data = b""
         while b"\n" not in data:
             if len(data) > 256:
-                raise _Refused(400, "the connection did not start with the forwarder's token")
+                raise Refused(400, "the connection did not start with the forwarder's token")
             data += await stream.receive(256)
         line, rest = data.split(b"\n", 1)
         if not hmac.compare_digest(line.strip(), self._token):
-            raise _Refused(403, "wrong or missing token: connect through HTTP_PROXY, not to the proxy socket")
+            raise Refused(403, "wrong or missing token: connect through HTTP_PROXY, not to the proxy socket")
         return rest
 
     async def _open_and_relay(
-        self, stream: anyio.abc.SocketStream, target: _Target, rest: bytes, execution: str, usage: _Usage
+        self, stream: anyio.abc.SocketStream, target: Target, rest: bytes, execution: str, usage: _Usage
     ) -> None:
         # Not under the connect timeout: an asked destination waits for a person, as long as the
         # executor's approval timeout allows.
@@ -251,12 +281,12 @@ class NetworkProxy:
             finally:
                 self._emit("closed", target, execution, address=str(address), moved=moved)
 
-    async def _decide(self, target: _Target, execution: str) -> None:
+    async def _decide(self, target: Target, execution: str) -> None:
         host, port = target.host, target.port
         if self.network.listed(host, port) or (host, port) in self._remembered:
             return
         if self.network.unlisted == "deny":
-            raise _Refused(
+            raise Refused(
                 403,
                 f"{host}:{port} is not in this executor's network allowlist (Network.allow); the "
                 "application must list it",
@@ -266,11 +296,11 @@ class NetworkProxy:
         self._emit("answered", target, execution, reason=decision.reason or ("approved" if decision.approved else None))
         if not decision.approved:
             why = f": {decision.reason}" if decision.reason else ""
-            raise _Refused(403, f"the application rejected the connection to {host}:{port}{why}")
+            raise Refused(403, f"the application rejected the connection to {host}:{port}{why}")
         if decision.remember:
             self._remembered.add((host, port))
 
-    async def _connect(self, target: _Target) -> tuple[anyio.abc.SocketStream, IPAddress]:
+    async def _connect(self, target: Target) -> tuple[anyio.abc.SocketStream, IPAddress]:
         host, port = target.host, target.port
         literal = parse_ip(host) or self.network.pinned.get(host)
         if literal is not None:
@@ -279,7 +309,7 @@ class NetworkProxy:
             try:
                 infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except OSError as exc:
-                raise _Refused(502, f"the host cannot resolve {host} ({exc.strerror or exc})") from None
+                raise Refused(502, f"the host cannot resolve {host} ({exc.strerror or exc})") from None
             addresses = list(dict.fromkeys(parse_ip(str(info[4][0]).split("%")[0]) for info in infos))
         refused: list[str] = []
         failed: list[str] = []
@@ -295,18 +325,18 @@ class NetworkProxy:
             except OSError as exc:
                 failed.append(f"connecting to {address} failed ({exc.strerror or exc})")
         if refused and not failed:
-            raise _Refused(
+            raise Refused(
                 403,
                 f"{host} leads only to non-public addresses ({'; '.join(refused)}); only an address "
                 "entry in Network.allow lets connections reach them",
             )
-        raise _Refused(502, f"cannot connect to {host}:{port}: {'; '.join(failed + refused) or 'no address'}")
+        raise Refused(502, f"cannot connect to {host}:{port}: {'; '.join(failed + refused) or 'no address'}")
 
     async def _relay(
         self,
         client: anyio.abc.SocketStream,
         upstream: anyio.abc.SocketStream,
-        target: _Target,
+        target: Target,
         execution: str,
         usage: _Usage,
     ) -> int:
@@ -342,7 +372,7 @@ class NetworkProxy:
             self._emit("limit", target, execution, reason=f"idle for {idle:g} s (Network.idle_timeout)", moved=moved)
         return moved
 
-    def _over(self, usage: _Usage, target: _Target, execution: str, moved: int) -> None:
+    def _over(self, usage: _Usage, target: Target, execution: str, moved: int) -> None:
         if not usage.over:
             usage.over = True
             self._emit("limit", target, execution, reason=self._over_reason(), moved=moved)
@@ -358,7 +388,7 @@ class NetworkProxy:
     def _emit(
         self,
         kind: Any,
-        target: _Target,
+        target: Target,
         execution: str | None,
         *,
         address: str | None = None,
@@ -389,88 +419,3 @@ class NetworkProxy:
                 callback(event)
             except Exception:  # the application's callback: logged, and the decision stands
                 logger.exception("Network.on_event failed")
-
-
-async def _read_head(stream: anyio.abc.SocketStream, buffered: bytes) -> tuple[_Target, bytes]:
-    """Read one request head; the target, and the bytes after the head (body or tunnel data)."""
-    parser = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
-    if buffered:  # h11 takes empty data for the end of the stream
-        parser.receive_data(buffered)
-    while True:
-        try:
-            event = parser.next_event()
-        except h11.RemoteProtocolError as exc:
-            if exc.error_status_hint == 431:
-                raise _Refused(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes") from None
-            raise _Refused(400, f"not an HTTP/1.1 proxy request ({exc})") from None
-        if isinstance(event, h11.Request):
-            break
-        if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
-            raise anyio.EndOfStream
-        data = await stream.receive(_CHUNK)
-        parser.receive_data(data)
-    rest, _ = parser.trailing_data
-    return _target(event), rest
-
-
-def _target(request: h11.Request) -> _Target:
-    raw = request.target.decode("ascii", "replace")
-    if request.method == b"CONNECT":
-        host, sep, port = raw.rpartition(":")
-        if not sep:
-            raise _Refused(400, "CONNECT needs host:port")
-        return _Target(_host(host), _port(port), connect=True)
-    url = urllib.parse.urlsplit(raw)
-    if url.scheme != "http" or not url.hostname:
-        raise _Refused(
-            400,
-            "the proxy takes CONNECT (for https and other TCP) and absolute http:// URLs; set HTTP_PROXY "
-            "and HTTPS_PROXY to it rather than sending other requests",
-        )
-    try:
-        port = url.port or 80
-    except ValueError:
-        raise _Refused(400, "the URL's port is not a number in 1-65535") from None
-    target = _Target(_host(url.hostname), _port(str(port)), connect=False)
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    lines = [request.method + b" " + path.encode("ascii", "replace") + b" HTTP/1.1"]
-    has_host = False
-    for name, value in request.headers.raw_items():
-        lowered = name.lower()
-        if lowered in _HOP_HEADERS:
-            continue
-        has_host = has_host or lowered == b"host"
-        lines.append(name + b": " + value)
-    if not has_host:
-        lines.append(b"Host: " + url.netloc.rpartition("@")[2].encode("ascii", "replace"))
-    lines.append(b"Connection: close")
-    target.head = b"\r\n".join(lines) + b"\r\n\r\n"
-    return target
-
-
-def _host(host: str) -> str:
-    host = normalize_host(host)
-    if parse_ip(host) is None and (len(host) > 253 or not all(HOST_LABEL.match(label) for label in host.split("."))):
-        raise _Refused(400, f"{_printable(host)!r} is not a host name or IP address")
-    return host
-
-
-def _port(port: str) -> int:
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise _Refused(400, f"the port must be 1-65535, got {_printable(port)!r}")
-    return int(port)
-
-
-def _printable(text: str, limit: int = 200) -> str:
-    return "".join(c if c.isascii() and c.isprintable() else "?" for c in text[:limit])
-
-
-def _reply(status: int, reason: str) -> bytes:
-    """An error reply; the reason phrase carries the message, since clients show it for a failed CONNECT."""
-    phrase = _printable(f"ipybox: {reason}", 2000)
-    body = (phrase + "\n").encode("ascii")
-    head = (
-        f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode("ascii") + body

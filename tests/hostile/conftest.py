@@ -56,8 +56,8 @@ def kernel_of(executor: CodeExecutor) -> Kernel:
 
 def run_dirs(executor: CodeExecutor) -> list[Path]:
     """The host directories this executor created (its home and its kernel's run dir)."""
-    assert executor._home is not None
-    return [executor._home, kernel_of(executor).run_dir]
+    assert executor._side.home is not None
+    return [executor._side.home, kernel_of(executor).run_dir]
 
 
 def processes_mentioning(text: str) -> list[int]:

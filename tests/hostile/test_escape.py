@@ -98,8 +98,8 @@ async def test_writes_aimed_at_the_venv_the_tools_the_host_tmp_and_dev_shm_never
 
 
 async def test_the_kernel_cannot_plant_files_in_the_executors_private_host_directory(executor: CodeExecutor) -> None:
-    assert executor._home is not None
-    packages = executor._home / "packages"
+    assert executor._side.home is not None
+    packages = executor._side.home / "packages"
     result = await run(executor, write_attempt(str(packages / "evil.py")))
     assert not (packages / "evil.py").exists(), result.text
     result = await run(
@@ -236,8 +236,8 @@ async def test_udp_raw_packet_sockets_and_dns_to_the_internet_all_fail(executor:
 async def test_one_executors_kernel_cannot_reach_another_executors_tool_socket(
     executor: CodeExecutor, tmp_path: Path
 ) -> None:
-    assert executor._home is not None
-    theirs = executor._home / "tools.sock"
+    assert executor._side.home is not None
+    theirs = executor._side.home / "tools.sock"
     async with CodeExecutor(workspace=tmp_path, tools_dir=None, approval="auto") as other:
         code = (
             "import socket\n"

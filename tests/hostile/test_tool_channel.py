@@ -23,8 +23,8 @@ import pytest
 from servers.fixtures import stdio_server
 
 from ipybox import ApprovalRequest, ApprovalRules, CodeExecutionError, CodeExecutor
-from ipybox._channel import MAX_JSON_DEPTH, MAX_JSON_VALUES, MAX_LINE_BYTES, MAX_REPLY_BYTES
-from ipybox._toolserver import MAX_BUFFERED_BYTES, MAX_CONNECTIONS, BuiltinTool
+from ipybox._toolserver._channel import MAX_JSON_DEPTH, MAX_JSON_VALUES, MAX_LINE_BYTES, MAX_REPLY_BYTES
+from ipybox._toolserver._server import MAX_BUFFERED_BYTES, MAX_CONNECTIONS, BuiltinTool
 
 from .conftest import processes_mentioning, run, wait_until_gone
 

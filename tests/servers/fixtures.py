@@ -24,10 +24,10 @@ import anyio
 import pytest
 
 from ipybox._approval import ApprovalDecision
-from ipybox._channel import ToolRequest
 from ipybox._kernel._process import wait_for_exit as process_exit
 from ipybox._mcp import HttpServer, StdioServer
-from ipybox._toolserver import ToolServer
+from ipybox._toolserver._channel import ToolRequest
+from ipybox._toolserver._server import ToolServer
 
 __all__ = (
     "SERVER_SCRIPT",

@@ -19,8 +19,9 @@ import httpx2
 from mcp import MCPError
 from mcp_types import CONNECTION_CLOSED
 
+from ipybox._exceptions import IpyboxError
+
 from ._channel import ErrorKind, ToolErrorReply
-from ._exceptions import IpyboxError
 
 __all__ = ("ToolCallFailed", "tool_errors")
 

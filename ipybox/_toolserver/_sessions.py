@@ -23,10 +23,11 @@ import anyio.abc
 from mcp import ClientSession
 from mcp import types as mcp_types
 
+from ipybox._exceptions import UsageError
+from ipybox._mcp import HttpServer, StdioServer, describe_server, open_session, parse_server_params
+
 from ._channel import ToolRequest, ToolResultReply
-from ._exceptions import UsageError
-from ._mcp import HttpServer, StdioServer, describe_server, open_session, parse_server_params
-from ._toolerrors import ToolCallFailed, tool_errors
+from ._errors import ToolCallFailed, tool_errors
 
 __all__ = ("IDLE_PROBE_AFTER", "PROBE_TIMEOUT", "STDERR_TAIL_BYTES", "Sessions", "Target")
 

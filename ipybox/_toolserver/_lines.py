@@ -1,45 +1,30 @@
 """The tool socket's line protocol: connections, framing, the shared buffer budget, hang-ups.
 
 Everything here handles bytes from kernel code, which is untrusted: a line is bounded
-(`MAX_LINE_BYTES`), so is what all connections hold together (`MAX_BUFFERED_BYTES`), and a line's
-JSON is checked for depth and value count before anything parses it (`shape_problem`). What the
-lines mean is `ipybox._toolserver`'s business.
+(`MAX_LINE_BYTES`), and so is what all connections hold together (`MAX_BUFFERED_BYTES`). What the
+lines mean is `._request`'s and `._server`'s business; binding and accepting is `ipybox._unixsocket`'s.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import operator
-import os
-import re
 import socket
-import stat
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import anyio
 import anyio.abc
 
-from ._channel import MAX_JSON_DEPTH, MAX_JSON_VALUES, ToolErrorReply, ToolResultReply, encode_reply
-from ._exceptions import UsageError
+from ._channel import ToolErrorReply, ToolResultReply, encode_reply
 
 __all__ = (
     "HANGUP_WATCH_AFTER",
-    "LISTEN_BACKLOG",
     "MAX_BUFFERED_BYTES",
-    "TOO_DEEP",
-    "TOO_MANY_VALUES",
     "Budget",
     "HangupWatch",
     "InFlight",
     "LineConnection",
     "LineTooLong",
     "OverBudget",
-    "accept_one",
-    "bind_socket",
-    "remove_socket",
-    "shape_problem",
 )
 
 # Request lines (partial, or being answered) all connections together may hold: four of the largest
@@ -49,26 +34,12 @@ __all__ = (
 # waits for others to finish their lines, and partial lines that are never finished would pause
 # every connection for good; a refusal frees the memory at once and tells the code what to change.
 MAX_BUFFERED_BYTES = 64 * 1024 * 1024
-# Connections beyond MAX_CONNECTIONS wait here (then in connect()) until a slot frees, rather than fail.
-LISTEN_BACKLOG = 128
 # A hang-up is looked for only once a call has run this long. Cancelling a call that ends sooner
 # gains nothing, and watching the socket from the start costs every call more than the rest of the
 # host's work for it.
 HANGUP_WATCH_AFTER = 0.05
 # One read per wakeup; large requests take several.
 _RECEIVE_CHUNK = 256 * 1024
-TOO_DEEP = f"the tool-call request is nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects"
-TOO_MANY_VALUES = (
-    f"the tool-call request holds {MAX_JSON_VALUES} or more JSON values; pass large data as a file in the workspace"
-)
-# A JSON string, its escaped backslashes and quotes removed first, and unterminated ones to the end
-# of the line: it always matches once it has started, which keeps the scan linear.
-_JSON_STRING = re.compile(rb'"[^"]*"?')
-_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
-# An opening bracket counts 2 and a closing one 0: depth after n brackets = running sum - n.
-_BRACKET_WEIGHTS = bytes.maketrans(b"[]{}", b"\x02\x00\x02\x00")
-# Socket paths longer than this do not fit in sockaddr_un on Linux (108 bytes including the NUL).
-_MAX_SOCKET_PATH = 107
 
 
 @dataclass(eq=False)
@@ -153,28 +124,6 @@ class Budget:
 
     def give(self, size: int) -> None:
         self.used -= size
-
-
-def shape_problem(line: bytes, depth: int, values: int) -> str | None:
-    """Why the JSON in ``line`` is refused before parsing, or None.
-
-    Parsers recurse per level of arrays and objects (json.loads runs out of stack), and every value
-    becomes a Python object several times its size in the line (a 16 MiB line of ``[],`` parsed into
-    428 MiB). Brackets and commas inside strings do not count; it runs in C. Exact for valid JSON;
-    for invalid JSON it may count more than a parser would get to before failing, which only refuses
-    a line that fails anyway.
-    """
-    brackets = line.count(b"[") + line.count(b"{")
-    if brackets <= depth and brackets + line.count(b",") < values:
-        return None  # the common case: too few brackets and commas to matter
-    # Inside strings every backslash escapes the next byte: drop escaped backslashes, then escaped
-    # quotes, and the strings are what lies between plain quotes.
-    text = _JSON_STRING.sub(b"", line.replace(b"\\\\", b"").replace(b'\\"', b""))
-    if text.count(b",") + text.count(b"[") + text.count(b"{") >= values:
-        return TOO_MANY_VALUES
-    weights = text.translate(None, _NOT_BRACKETS).translate(_BRACKET_WEIGHTS)
-    levels = map(operator.sub, itertools.accumulate(weights), itertools.count(1))
-    return TOO_DEEP if any(map(depth.__lt__, levels)) else None
 
 
 class LineTooLong(Exception):
@@ -279,62 +228,3 @@ class LineConnection:
         self._budget.give(len(self._buffer) + self._unanswered)
         self._buffer.clear()
         self._unanswered = 0
-
-
-async def accept_one(listener: socket.socket) -> socket.socket:
-    while True:
-        try:
-            sock, _ = listener.accept()
-        except BlockingIOError:
-            await anyio.wait_readable(listener)
-            continue
-        return sock
-
-
-def bind_socket(path: Path) -> socket.socket:
-    """Bind a listening unix socket that only this user can connect to."""
-    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
-        raise UsageError(
-            f"the tool socket path {str(path)!r} is longer than {_MAX_SOCKET_PATH} bytes; use a shorter run directory"
-        )
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISSOCK(mode):
-            raise UsageError(f"{str(path)!r} exists and is not a socket; choose another tool socket path")
-        if _socket_in_use(path):
-            raise UsageError(f"another process serves the tool socket {str(path)!r}; choose another path")
-        path.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(os.fspath(path))
-        # Nobody can connect before listen(), so tightening the mode here leaves no window.
-        os.chmod(path, 0o600)
-        sock.listen(LISTEN_BACKLOG)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _socket_in_use(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(os.fspath(path))
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
-
-
-def remove_socket(path: Path, inode: int) -> None:
-    """Remove the socket file, unless another ToolServer has bound a new one there since."""
-    try:
-        if os.lstat(path).st_ino == inode:
-            path.unlink()
-    except FileNotFoundError:
-        pass

@@ -1,7 +1,7 @@
 """The host side of the tool channel: MCP calls from the kernel, each one approved first.
 
 The sandboxed kernel has no network. Its only way to an MCP tool is the unix socket this
-`ToolServer` listens on (see `ipybox._channel` for the wire format). For each request the ToolServer
+`ToolServer` listens on (see `._channel` for the wire format). For each request the ToolServer
 
 1. checks the request's size and nesting and the executor's token (a wrong or missing one gets
    nothing run),
@@ -14,8 +14,9 @@ Nothing of a server is started or connected before a call to it has been approve
 not be able to start host processes by asking), so the gate sees a tool's annotations only once its
 server has listed its tools; for the first call to a server they are None.
 
-The bytes on the socket are `ipybox._toolsocket`'s business, the MCP sessions `ipybox._toolsessions`'s;
-every failure of a call passes through `ipybox._toolerrors.tool_errors` and becomes its error reply.
+The bytes on the socket are `._lines`'s business, turning a line into a request `._request`'s, the
+MCP sessions `._sessions`'s; every failure of a call passes through `._errors.tool_errors` and
+becomes its error reply.
 
 Everything on the socket comes from kernel code, which is untrusted: whatever one request or
 connection does ends in an error reply (or a closed connection) for it, never in an exception out
@@ -25,8 +26,6 @@ of `run()`, and the memory all connections together can hold is bounded (`MAX_BU
 from __future__ import annotations
 
 import errno
-import hmac
-import json
 import logging
 import os
 import socket
@@ -36,12 +35,13 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.abc
-from pydantic import ValidationError
 
-from ._approval import ApprovalDecision
+from ipybox._approval import ApprovalDecision
+from ipybox._exceptions import UsageError
+from ipybox._mcp import HttpServer, StdioServer
+from ipybox._unixsocket import accept_one, bind_socket, remove_socket
+
 from ._channel import (
-    MAX_JSON_DEPTH,
-    MAX_JSON_VALUES,
     MAX_LINE_BYTES,
     MAX_REPLY_BYTES,
     ErrorKind,
@@ -50,11 +50,8 @@ from ._channel import (
     ToolResultReply,
     encode_reply,
 )
-from ._exceptions import UsageError
-from ._mcp import HttpServer, StdioServer
-from ._toolerrors import ToolCallFailed, tool_errors
-from ._toolsessions import Sessions
-from ._toolsocket import (
+from ._errors import ToolCallFailed, tool_errors
+from ._lines import (
     HANGUP_WATCH_AFTER,
     MAX_BUFFERED_BYTES,
     Budget,
@@ -63,11 +60,9 @@ from ._toolsocket import (
     LineConnection,
     LineTooLong,
     OverBudget,
-    accept_one,
-    bind_socket,
-    remove_socket,
-    shape_problem,
 )
+from ._request import parse_request
+from ._sessions import Sessions
 
 __all__ = ("HANGUP_WATCH_AFTER", "MAX_BUFFERED_BYTES", "MAX_CONNECTIONS", "BuiltinTool", "Gate", "ToolServer")
 
@@ -341,7 +336,7 @@ class ToolServer:
         try:
             try:
                 with tool_errors("reading the tool-call request"):
-                    request = self._parse(line)
+                    request = parse_request(line, self._token)
             except ToolCallFailed as early:
                 await connection.send_reply(early.reply(early.seq))
                 return not early.close
@@ -389,42 +384,6 @@ class ToolServer:
             )
             return encode_reply(_error(request.seq, "too_large", message))
         return data
-
-    def _parse(self, line: bytes) -> ToolRequest:
-        problem = shape_problem(line, MAX_JSON_DEPTH, MAX_JSON_VALUES)
-        if problem is not None:
-            raise ToolCallFailed("bad_request", problem)
-        try:
-            request = ToolRequest.model_validate_json(line)
-        except ValidationError as exc:
-            invalid = exc
-        else:
-            # Parsing and validating in one step takes a third of the time of json.loads and then validating.
-            self._check_token(request.token)
-            return request
-        # Parsed again only to tell a bad token from a bad request; a request that runs is always
-        # what the step above made of the line (json.loads takes more, e.g. lone surrogates, which
-        # no MCP client can send on).
-        try:
-            data = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            raise ToolCallFailed("bad_request", "the tool-call request is not valid JSON") from None
-        if not isinstance(data, dict):
-            raise ToolCallFailed("bad_request", "a tool-call request must be a JSON object")
-        fields: dict[str, Any] = data  # pyright: ignore[reportUnknownVariableType]
-        self._check_token(fields.get("token"))
-        seq = fields.get("seq")
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'request'}: {err['msg']}" for err in invalid.errors()
-        )
-        raise ToolCallFailed(
-            "bad_request", f"invalid tool-call request: {problems}", seq=seq if isinstance(seq, int) else None
-        )
-
-    def _check_token(self, token: object) -> None:
-        if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self._token):
-            message = "the tool server refused the request: missing or wrong token"
-            raise ToolCallFailed("unauthorized", message, close=True)
 
     # -- calls ------------------------------------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""The wheel built from this checkout, shared by the tests that install it into fresh venvs
+(tests/test_install.py, tests/test_kernel_image.py): it is built once per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+__all__ = ("REPO", "build_wheel", "uv_command")
+
+REPO = Path(__file__).resolve().parents[1]
+# Building the wheel: uv fetches hatchling into its (temporary) cache first.
+BUILD_TIMEOUT = 120.0
+
+
+def uv_command() -> list[str]:
+    # scripts/setup.sh installs uv as a module of the system python3; a standalone uv works as well.
+    found = shutil.which("uv")
+    return [found] if found else ["python3", "-m", "uv"]
+
+
+def build_wheel(work: Path) -> Path:
+    """Build the wheel into ``work/dist`` with an empty uv cache in ``work``, so nothing from earlier
+    runs is reused; return its path."""
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"UV_CACHE_DIR": str(work / "uv-cache")}
+    dist = work / "dist"
+    # uv's output goes to the test's captured output, shown if the build fails.
+    subprocess.run(
+        [*uv_command(), "build", "--wheel", "--out-dir", str(dist), str(REPO)],
+        env=env,
+        check=True,
+        timeout=BUILD_TIMEOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    (wheel,) = dist.glob("ipybox-*.whl")
+    return wheel
