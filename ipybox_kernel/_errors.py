@@ -1,7 +1,7 @@
 """What a tool call from kernel code returns, and the exceptions it raises when it returns nothing.
 
 Standard library only, like the rest of ``ipybox_kernel``. The error kinds mirror the host's
-``ipybox._channel.ErrorKind``; ``ipybox_kernel._client`` turns each reply into one of these.
+``ipybox._toolserver._channel.ErrorKind``; ``ipybox_kernel._client`` turns each reply into one of these.
 """
 
 from __future__ import annotations

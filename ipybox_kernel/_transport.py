@@ -4,7 +4,7 @@ Standard library only: the kernel must not pay for (or be able to misuse) an MCP
 sets ``IPYBOX_TOOL_SOCKET`` and ``IPYBOX_TOOL_TOKEN`` on the kernel; each call sends one line of JSON
 (server name, tool name, arguments, the running cell's id, a sequence number and, when the kernel
 marked its output for it, the mark) and reads one line back. The wire format is described in
-``ipybox/_channel.py``; keep the two in step. A kernel on a remote gateway carries the same lines
+``ipybox/_toolserver/_channel.py``; keep the two in step. A kernel on a remote gateway carries the same lines
 over the kernel protocol instead (``ipybox_kernel._remote``).
 """
 
@@ -42,7 +42,7 @@ EXECUTION_ENV = "IPYBOX_EXECUTION"
 # Set to "kernel" in a kernel on a remote gateway: calls travel over the kernel protocol instead.
 TRANSPORT_ENV = "IPYBOX_TOOL_TRANSPORT"
 
-# The host refuses longer request lines (ipybox._channel.MAX_LINE_BYTES); fail before sending.
+# The host refuses longer request lines (ipybox._toolserver._channel.MAX_LINE_BYTES); fail before sending.
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 # Idle connections kept for reuse; more would only hold host connection slots without a call.
 _IDLE_CONNECTIONS = 8
