@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Literal, Self
 
 import anyio
 import anyio.abc
 
-from ._approval import Approval, ApprovalDecision, ApprovalRequest, check_approval, decide_by_policy
+from ._approval import Approval, check_approval
 from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings, check_seconds
 from ._exceptions import (
     ExecutionCancelled,
@@ -22,6 +22,7 @@ from ._exceptions import (
     UsageError,
 )
 from ._execution import Execution, ExecutionDriver, open_execution
+from ._gate import ApprovalGate
 from ._gateway._config import GatewayKernel
 from ._gateway._executor import check_gateway, refuse_remote
 from ._kernel import KernelHandle
@@ -34,12 +35,10 @@ from ._packages import install_package
 from ._pool import KernelPool
 from ._running import run_execution
 from ._supervisor import KernelSupervisor
-from ._toolserver._channel import ToolRequest
 from ._toolserver._server import ToolServer
 from ._workspace import copy_file, write_file
 from .network._policy import Network
 from .network._proxy import NetworkProxy
-from .network._request import NetworkRequest, network_request_fields
 from .network._setup import NET_SOCKET, check_network
 from .sandbox._sandbox import resolve_sandbox
 from .skills._store import (
@@ -58,12 +57,6 @@ BUILTIN_SERVER = "ipybox"
 # The default cap of `CodeExecutor.download`: a workspace file larger than this is more likely a
 # runaway or sparse file (made in an instant with os.truncate) than something to copy to the host.
 DOWNLOAD_LIMIT = 1024**3
-# Why a tool call from code that outlived its execution is refused.
-_STRAY_CALL = (
-    "this tool call comes from code left running after the code action that started it ended (a "
-    "thread or task it did not wait for); tool calls are only allowed from the code action that is "
-    "running: join such threads or await such tasks before the code action ends"
-)
 
 
 class CodeExecutor:
@@ -168,15 +161,12 @@ class CodeExecutor:
             pool=pool,
             gateway=self.gateway,
         )
-        self.approval: Approval = approval
+        self._gate = ApprovalGate(approval, self.timeouts.approval)
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
         self._kernels = KernelSupervisor(self._side.open)
         self._keyed = KeyedExecutions()
-        self._current: ExecutionDriver | None = None
-        # The kernel's id for the running execution, which its tool calls must carry.
-        self._current_msg_id: str | None = None
         self._tools: ToolServer | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -205,7 +195,7 @@ class CodeExecutor:
         self._tools = ToolServer(
             socket_path=side.home / "tools.sock",
             token=side.token,
-            gate=self._gate,
+            gate=self._gate.tool,
             call_timeout=self.timeouts.tool,
             listener=listeners.tools,
         )
@@ -224,8 +214,8 @@ class CodeExecutor:
                 self.network,
                 socket_path=side.home / NET_SOCKET,
                 token=side.token,
-                running=lambda: self._current.execution.id if self._current is not None else None,
-                ask=self._ask_network,
+                running=self._gate.running_id,
+                ask=self._gate.network,
                 listener=listeners.net,
             )
             await self._tg.start(self._proxy.run)
@@ -240,6 +230,16 @@ class CodeExecutor:
             # The body's own exception propagates as it is: our tasks are cancelled, not failed, so
             # it is not passed into the task group (which would wrap it in an ExceptionGroup).
             await stack.aclose()
+
+    @property
+    def approval(self) -> Approval:
+        """The approval policy of executions started without their own (assignable)."""
+        return self._gate.policy
+
+    @approval.setter
+    def approval(self, approval: Approval) -> None:
+        check_approval(approval)
+        self._gate.policy = approval
 
     @property
     def workspace(self) -> Path:
@@ -360,19 +360,19 @@ class CodeExecutor:
             driver.fail(ExecutionCancelled("the execution was cancelled"))
 
     async def _run(self, kernel: KernelHandle, driver: ExecutionDriver) -> None:
-        self._current, self._current_msg_id = driver, kernel.new_msg_id()
+        msg_id = kernel.new_msg_id()
         try:
-            await run_execution(
-                kernel,
-                driver,
-                self._current_msg_id,
-                workspace=self.workspace,
-                output_chars=self.limits.output_chars,
-                interrupt_grace=self.timeouts.interrupt_grace,
-                on_expired=self._keyed.release,
-            )
+            with self._gate.running(driver, msg_id):
+                await run_execution(
+                    kernel,
+                    driver,
+                    msg_id,
+                    workspace=self.workspace,
+                    output_chars=self.limits.output_chars,
+                    interrupt_grace=self.timeouts.interrupt_grace,
+                    on_expired=self._keyed.release,
+                )
         finally:
-            self._current = self._current_msg_id = None
             if self._proxy is not None:
                 self._proxy.end_execution(driver.execution.id)
 
@@ -457,40 +457,6 @@ class CodeExecutor:
         name, code, description, overwrite = skill_arguments(arguments)
         skill = await self.save_skill(name, code, description=description, overwrite=overwrite)
         return f"saved skill {skill.name!r}; import it with `from {skill.module} import run`"
-
-    async def _gate(self, call: ToolRequest, *, server: str, annotations: Mapping[str, Any] | None) -> ApprovalDecision:
-        driver = self._current
-        # A thread or task keeps the id of the execution that started it (ipybox_kernel._context):
-        # a call from one that outlived its execution must not be shown as the running one's.
-        if driver is None or call.execution is None or call.execution != self._current_msg_id:
-            return ApprovalDecision(approved=False, reason=_STRAY_CALL, by="policy")
-        request = driver.new_request(
-            server_name=call.server,
-            tool_name=call.tool,
-            tool_args=call.arguments,
-            server=server,
-            annotations=annotations,
-        )
-        return await self._decide(driver, request, after_mark=call.mark)
-
-    async def _ask_network(self, host: str, port: int, execution_id: str) -> ApprovalDecision:
-        driver = self._current
-        if driver is None or driver.execution.id != execution_id:
-            return ApprovalDecision(approved=False, reason="its code action has ended", by="policy")
-        fields = network_request_fields(host, port)
-        request = driver.new_request(NetworkRequest, **fields, execution_id=execution_id)
-        return await self._decide(driver, request)
-
-    async def _decide(
-        self, driver: ExecutionDriver, request: ApprovalRequest, *, after_mark: int | None = None
-    ) -> ApprovalDecision:
-        own = driver.execution.policy
-        decision = await decide_by_policy(self.approval if own is None else own, request)
-        if decision is None:
-            # Shown to the application: after what the code printed before the call (ipybox._marks).
-            return await driver.ask(request, self.timeouts.approval, after_mark=after_mark)
-        request.decide(decision)
-        return decision
 
     # -- files --------------------------------------------------------------------------
 
