@@ -2,9 +2,9 @@
 Kubernetes, behind a real Jupyter Kernel Gateway, driven with ``push_sources=False``.
 
 - The image: a fresh venv with what the Dockerfile's ``pip install`` installs, ipybox from the wheel
-  built from this checkout, bytecode compiled as ``--compile`` does; the generated tool modules are
-  copied into it (with ``push_sources=False`` the image provides them). The host's root, read-only,
-  stands in for the rest of the image's root filesystem.
+  built from this checkout, bytecode compiled as ``--compile`` does (with ``push_sources=False`` the
+  image provides ``ipybox_kernel``; the host pushes the generated tool modules, which are its own).
+  The host's root, read-only, stands in for the rest of the image's root filesystem.
 - The pod: the kernelspec runs the venv's python under bubblewrap with the rendered pod template's
   user, group and fsGroup (a real uid 1000 on the host: ``setpriv`` after the mounts, as a container
   runtime does; bwrap's own ``--uid`` as root maps uid 1000 to the host's root, which owns and can
@@ -37,6 +37,7 @@ from deploy_support import KernelRuntime, kernel_runtime
 from install_support import uv_command
 from servers.gateway import Gateway, run_gateway
 
+import ipybox
 from ipybox import (
     CodeExecutor,
     GatewayKernel,
@@ -61,11 +62,12 @@ INSTALL_TIMEOUT = 120.0
 START_TIMEOUT = 60.0
 KERNEL_SPEC = "ipybox-image"
 KERNEL_SPEC_WITHOUT_IPYBOX = "ipybox-image-without-ipybox"
+KERNEL_SPEC_OTHER_IPYBOX = "ipybox-image-other-ipybox"
 
 
-def make_image(root: Path, runtime: KernelRuntime, wheel: Path | None, tools_dir: Path | None) -> Path:
+def make_image(root: Path, runtime: KernelRuntime, wheel: Path | None) -> Path:
     """A venv with the Dockerfile's requirements, ipybox's from ``wheel`` (None: left out, an image
-    that breaks the recipe), and the tool packages of ``tools_dir`` without their manifest."""
+    that breaks the recipe)."""
     requirements = [r for r in runtime.requirements if not r.startswith("ipybox")]
     if wheel is not None:
         pinned = [r for r in runtime.requirements if r.startswith("ipybox")]
@@ -83,9 +85,17 @@ def make_image(root: Path, runtime: KernelRuntime, wheel: Path | None, tools_dir
         ["pip", "install", "--quiet", "--link-mode=copy", "--python", str(python), *compile_, *requirements],
     ):
         subprocess.run([*uv, *args], env=env, check=True, timeout=INSTALL_TIMEOUT, stdin=subprocess.DEVNULL)
-    if tools_dir is not None:
-        [site] = (root / "lib").glob("python3.*/site-packages")
-        shutil.copytree(tools_dir, site / tools_dir.name, ignore=shutil.ignore_patterns(MANIFEST_DIR, "__pycache__"))
+    return root
+
+
+def other_ipybox(image: Path, root: Path) -> Path:
+    """``image`` with one line added to one of ipybox_kernel's modules, as an image built from another
+    ipybox version has it (hard links for the rest: nothing written here changes ``image``)."""
+    shutil.copytree(image, root, symlinks=True, copy_function=os.link)
+    [module] = root.glob("lib/python3.*/site-packages/ipybox_kernel/_text.py")
+    text = module.read_text()
+    module.unlink()
+    module.write_text(text + "# another version\n")
     return root
 
 
@@ -175,15 +185,18 @@ def runtime() -> KernelRuntime:
 
 @pytest.fixture(scope="module")
 def pod_gateway(
-    tmp_path_factory: pytest.TempPathFactory, ipybox_wheel: Path, tools_dir: Path, runtime: KernelRuntime
+    tmp_path_factory: pytest.TempPathFactory, ipybox_wheel: Path, runtime: KernelRuntime
 ) -> Iterator[Gateway]:
-    """A Kernel Gateway whose kernelspecs run the image as a pod, and one run an image without ipybox."""
+    """A Kernel Gateway whose kernelspecs run the image as a pod, and ones that run an image without
+    ipybox and one with another ipybox_kernel."""
     root = tmp_path_factory.mktemp("kernel-image")
-    image = make_image(root / "image", runtime, ipybox_wheel, tools_dir)
+    image = make_image(root / "image", runtime, ipybox_wheel)
     # Not compiled (the first setup cell fails): its kernel imports ipykernel from source.
-    broken = make_image(root / "image-without-ipybox", replace(runtime, compile=False), None, None)
+    broken = make_image(root / "image-without-ipybox", replace(runtime, compile=False), None)
     write_kernelspec(root / "jupyter" / "kernels", KERNEL_SPEC, runtime, image)
     write_kernelspec(root / "jupyter" / "kernels", KERNEL_SPEC_WITHOUT_IPYBOX, runtime, broken)
+    other = other_ipybox(image, root / "image-other-ipybox")
+    write_kernelspec(root / "jupyter" / "kernels", KERNEL_SPEC_OTHER_IPYBOX, runtime, other)
     with run_gateway(env={"JUPYTER_PATH": str(root / "jupyter")}) as gateway:
         yield gateway
 
@@ -199,14 +212,23 @@ async def ex(pod_gateway: Gateway, tools_dir: Path, module_workspace: Path) -> A
     assert pod_gateway.kernel_ids() == []
 
 
-async def test_the_kernel_runs_code_on_ipybox_kernel_and_the_tool_modules_from_the_image(ex: CodeExecutor) -> None:
+async def test_the_kernel_runs_code_on_the_images_ipybox_kernel_and_the_tool_modules_the_host_pushed(
+    ex: CodeExecutor,
+) -> None:
     assert (await ex.execute("1 + 1")).text == "2\n"
-    code = "import sys, ipybox_kernel, mcptools.test\nprint(sys.prefix, ipybox_kernel.__file__, mcptools.test.__file__)"
-    prefix, kernel_file, tools_file = (await ex.execute(code)).text.split()
+    code = (
+        "import os, sys, ipybox_kernel, mcptools.test\n"
+        "print(sys.prefix, ipybox_kernel.__file__, mcptools.test.__file__, os.environ['IPYBOX_TOOLS_DIR'])"
+    )
+    prefix, kernel_file, tools_file, tools_env = (await ex.execute(code)).text.split()
     assert prefix == IMAGE_VENV
     site = f"{IMAGE_VENV}/lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
     assert kernel_file == f"{site}/ipybox_kernel/__init__.py"
-    assert tools_file == f"{site}/mcptools/test/__init__.py"
+    # The host's modules, pushed into the kernel's /tmp (the manifest never is).
+    assert tools_file.startswith("/tmp/ipybox-") and tools_file.endswith("/mcptools/test/__init__.py")
+    assert tools_env == tools_file.removesuffix("/test/__init__.py")
+    listing = (await ex.execute(f"import os\nprint(sorted(os.listdir({tools_env!r})))")).text
+    assert MANIFEST_DIR not in listing and "test" in listing
 
 
 async def test_the_kernel_runs_as_uid_1000_with_no_capabilities_and_no_new_privileges(
@@ -291,3 +313,19 @@ async def test_an_image_without_ipybox_fails_the_start_naming_the_missing_module
     assert "IPYBOX_TOOL_TOKEN" not in message and "\x1b[" not in message
     # The kernel that could not be prepared was deleted on the gateway.
     assert set(pod_gateway.kernel_ids()) == before
+
+
+async def test_an_image_with_another_ipybox_kernel_fails_the_start_naming_the_versions(
+    pod_gateway: Gateway, tools_dir: Path, workspace: Path
+) -> None:
+    kernel = GatewayKernel(
+        pod_gateway.url, token=pod_gateway.token, kernel_name=KERNEL_SPEC_OTHER_IPYBOX, push_sources=False
+    )
+    timeouts = Timeouts(start=START_TIMEOUT)
+    with anyio.fail_after(START_TIMEOUT), pytest.raises(KernelStartError) as info:
+        async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, kernel=kernel, timeouts=timeouts) as executor:
+            await executor.execute("1 + 1")
+    message = str(info.value)
+    host = f"ipybox {ipybox.__version__}"
+    assert f"the kernel's ipybox_kernel ({host}, {IMAGE_VENV}/" in message
+    assert f"is not the host's ({host}): install ipybox=={ipybox.__version__} in the kernel's image" in message

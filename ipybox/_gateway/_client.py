@@ -300,8 +300,8 @@ class RemoteKernel:
             where = (
                 "pushing ipybox_kernel and the tool modules, or installing the tool transport"
                 if self.config.push_sources
-                else "with push_sources=False, the kernel's image must provide ipybox_kernel and the tool modules, "
-                "installed from the host's ipybox version"
+                else "with push_sources=False, the kernel's image must provide ipybox_kernel, installed from the "
+                "host's ipybox version"
             )
             detail = "; ".join(errors) or "the setup cell did not complete"
             raise KernelStartError(f"preparing the kernel on the gateway failed ({where}): {detail[:4000]}")

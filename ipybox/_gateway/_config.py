@@ -36,8 +36,10 @@ class GatewayKernel:
         env: Variables for the kernel's start request. Enterprise Gateway passes ``KERNEL_*``
             variables to its launcher and pod template (``KERNEL_NAMESPACE``, ``KERNEL_UID``, ...);
             Kernel Gateway passes only those its ``env_whitelist`` allows.
-        push_sources: Send ``ipybox_kernel`` and the generated tool modules into the kernel at each
-            start, through cells. False: the kernel image provides them (same ipybox version).
+        push_sources: Send ``ipybox_kernel`` into the kernel at each start, through cells. False:
+            the kernel image provides it, and the start fails unless its sources are the host's
+            (install the host's ipybox version in the image). The generated tool modules are the
+            host's and are always sent.
         request_timeout: Seconds one REST request, or one attempt to reopen the websocket, may take.
         reconnect_timeout: Seconds to spend reopening a lost websocket to the same kernel (same
             kernel id and session, so the gateway replays what it buffered meanwhile) before the

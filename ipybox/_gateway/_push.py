@@ -1,5 +1,11 @@
-"""The cells that prepare a remote kernel: ``ipybox_kernel`` and the generated tool modules pushed as
-source (the gateways have no files API), then the tool transport and output guards installed.
+"""The cells that prepare a remote kernel: ``ipybox_kernel`` (unless the kernel's image provides it)
+and the generated tool modules pushed as source (the gateways have no files API), then the tool
+transport and output guards installed.
+
+An image's ``ipybox_kernel`` must be the host's: the two ends share a wire protocol that changes
+between versions, and a mismatch showed up as a first tool call that waited for ever. The last cell
+compares a digest of the kernel's ``ipybox_kernel`` sources with the host's and fails the start,
+naming both ipybox versions, when they differ.
 
 The files go through cells in chunks of compressed base64, appended to a file in a fresh directory
 under the kernel's temporary directory, unpacked by the last cell, which also puts that directory
@@ -10,6 +16,8 @@ so the user's namespace, history and execution count are untouched.
 from __future__ import annotations
 
 import base64
+import functools
+import hashlib
 import json
 import secrets
 import zlib
@@ -50,7 +58,28 @@ if {pushed!r}:
         os.environ["IPYBOX_TOOLS_DIR"] = os.path.join(root, {tools!r})
 os.environ["IPYBOX_TOOL_TOKEN"] = {token!r}
 import ipybox_kernel._remote
-ipybox_kernel._remote.install({output!r}, {message_bytes!r})
+{check}ipybox_kernel._remote.install({output!r}, {message_bytes!r})
+"""
+
+# Run when the image provides ipybox_kernel; the digest is computed as `_kernel_digest` computes it.
+_CHECK = """\
+import hashlib
+kernel_root = os.path.dirname(ipybox_kernel.__file__)
+digest = hashlib.sha256()
+for name in sorted(os.listdir(kernel_root)):
+    if name.endswith(".py"):
+        with open(os.path.join(kernel_root, name), "rb") as f:
+            digest.update(name.encode() + b"\\0" + f.read() + b"\\0")
+if digest.hexdigest() != {digest!r}:
+    try:
+        from importlib.metadata import version
+        theirs = "ipybox " + version("ipybox")
+    except Exception:
+        theirs = "no ipybox distribution"
+    raise ImportError(
+        "the kernel's ipybox_kernel (" + theirs + ", " + kernel_root + ") is not the host's "
+        + {host!r} + ": install ipybox==" + {version!r} + " in the kernel's image, or use push_sources=True"
+    )
 """
 
 
@@ -63,26 +92,53 @@ def setup_cells(*, tools_dir: Path | None, token: str, output_chars: int, messag
         token: The executor's tool-server token, which the kernel's requests carry.
         output_chars: The executor's output limit, enforced in the kernel as locally.
         message_bytes: The largest message the host takes from the kernel.
-        push: Whether to push sources; False when the kernel image provides ``ipybox_kernel``.
+        push: Whether to push ``ipybox_kernel``; False when the kernel image provides it (then it
+            is checked to be the host's). The tool modules are the host's and always pushed.
     """
     root = f"ipybox-{secrets.token_hex(8)}"
     cells: list[str] = []
+    files = _sources(Path(ipybox_kernel.__file__).parent, "ipybox_kernel") if push else {}
     tools = None
-    if push:
-        files = _sources(Path(ipybox_kernel.__file__).parent, "ipybox_kernel")
-        if tools_dir is not None and tools_dir.is_dir():
-            tools = tools_dir.name
-            files.update(_sources(tools_dir, tools))
+    if tools_dir is not None and tools_dir.is_dir():
+        tools = tools_dir.name
+        files.update(_sources(tools_dir, tools))
+    if files:
         data = base64.b64encode(zlib.compress(json.dumps(files).encode(), 6)).decode()
         cells.extend(
             _CHUNK.format(root=root, data=data[start : start + _CHUNK_CHARS])
             for start in range(0, len(data), _CHUNK_CHARS)
         )
+    check = ""
+    if not push:
+        version = _host_version()
+        check = _CHECK.format(digest=_kernel_digest(), host=f"(ipybox {version})", version=version)
     finish = _FINISH.format(
-        root=root, pushed=push, tools=tools, token=token, output=output_chars, message_bytes=message_bytes
+        root=root,
+        pushed=bool(files),
+        tools=tools,
+        token=token,
+        output=output_chars,
+        message_bytes=message_bytes,
+        check=check,
     )
     cells.append(finish)
     return [f"exec({cell!r}, {{}})" for cell in cells]
+
+
+@functools.cache
+def _kernel_digest() -> str:
+    """A digest of the host's ``ipybox_kernel`` sources (a flat package), as `_CHECK` computes it."""
+    root = Path(ipybox_kernel.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.glob("*.py"), key=lambda p: p.name):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _host_version() -> str:
+    from ipybox import __version__
+
+    return __version__
 
 
 def _sources(directory: Path, prefix: str) -> dict[str, str]:
