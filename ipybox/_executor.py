@@ -27,6 +27,7 @@ from ._exceptions import (
 from ._execution import Execution, ExecutionDriver, open_execution
 from ._gateway._config import GatewayKernel
 from ._gateway._executor import check_gateway, open_gateway_kernel, refuse_remote
+from ._gateway._files import RemoteFiles
 from ._kernel import KernelHandle
 from ._kernelhome import check_bytecode, link_tools_dir, new_home, resolve_tools_dir, restore_home
 from ._kernelspec import KernelSpec, start_kernel
@@ -180,6 +181,9 @@ class CodeExecutor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
         self._kernels = KernelSupervisor(self._open_kernel)
+        self._remote_files = None
+        if self.gateway is not None:
+            self._remote_files = RemoteFiles(self._kernels, self._lock, self.gateway, self.timeouts.interrupt_grace)
         self._keyed = KeyedExecutions()
         self._current: ExecutionDriver | None = None
         # The kernel's id for the running execution, which its tool calls must carry.
@@ -643,7 +647,9 @@ class CodeExecutor:
         Returns:
             The path of the written file.
         """
-        refuse_remote(self.gateway, "upload")
+        if self._remote_files is not None:
+            self._require_running()
+            return await self._remote_files.upload(src, dst)
         data = await anyio.Path(src).read_bytes()
         return await anyio.to_thread.run_sync(write_file, self.workspace, dst, data)
 
@@ -663,10 +669,13 @@ class CodeExecutor:
             UsageError: ``src`` is not a regular file in the workspace, or has more than
                 ``max_bytes``.
         """
-        refuse_remote(self.gateway, "download")
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"max_bytes must be a number of bytes (>= 0) or None, got {max_bytes!r}")
         fix = "pass a larger max_bytes to download() (None for no limit) if you do want all of it"
+        if self._remote_files is not None:
+            self._require_running()
+            await self._remote_files.download(src, Path(dst), max_bytes=max_bytes, fix=fix)
+            return Path(dst)
         await anyio.to_thread.run_sync(
             functools.partial(copy_file, self.workspace, src, Path(dst), max_bytes=max_bytes, fix=fix)
         )

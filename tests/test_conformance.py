@@ -8,6 +8,8 @@ One executor per backend for the module; tests that break the kernel leave it re
 from __future__ import annotations
 
 import base64
+import hashlib
+import random
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
@@ -197,6 +199,27 @@ async def test_a_kernel_that_dies_fails_its_execution_and_the_next_gets_a_fresh_
     with anyio.fail_after(RECOVERY):
         result = await ex.execute("print('before_death' in globals())")
     assert result.text == "False\n"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"hello\n", bytes(range(256)), random.Random(18).randbytes(3 * 1024**2 + 17)],
+    ids=["empty", "text", "all-byte-values", "several-MB"],
+)
+async def test_a_file_uploaded_to_the_kernel_and_downloaded_again_is_unchanged(
+    ex: CodeExecutor, content: bytes, tmp_path: Path
+) -> None:
+    # Several MB is many chunks each way for a remote kernel (1 MiB up, ~230 KiB down at this
+    # output limit), with a short last one.
+    src, back = tmp_path / "src.bin", tmp_path / "back.bin"
+    src.write_bytes(content)
+    written = await ex.upload(src, "transfers/file.bin")
+    assert written.parts[-2:] == ("transfers", "file.bin")
+    seen = await ex.execute("import hashlib\nhashlib.sha256(open('transfers/file.bin', 'rb').read()).hexdigest()")
+    assert seen.text == f"{hashlib.sha256(content).hexdigest()!r}\n"
+    assert await ex.download("transfers/file.bin", back) == back
+    assert back.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["back.bin", "src.bin"]
 
 
 async def test_reset_replaces_the_kernel(ex: CodeExecutor) -> None:

@@ -71,6 +71,8 @@ _MAX_DEPTH = 64 + 8
 _READY_RETRY = 1.0
 # Deleting a kernel normally takes a fraction of a second (the gateway asks it to shut down first).
 _DELETE_TIMEOUT = 10.0
+# Messages other than the reply an `evaluate` request takes (ipykernel sends two: busy and idle).
+_MAX_SIDE_MESSAGES = 64
 # Websocket keep-alive: a silent peer (a dropped network) is noticed within the sum.
 _PING_INTERVAL = 20.0
 _PING_TIMEOUT = 20.0
@@ -136,6 +138,35 @@ class RemoteKernel:
                 yield event
             if not inbox.ended:
                 raise self.lost_error()
+        finally:
+            self._waiters.pop(msg_id, None)
+            inbox.close()
+
+    async def evaluate(self, expressions: dict[str, str]) -> dict[str, object] | None:
+        """Evaluate expressions in the kernel by a silent execute request without code, and return
+        its reply's content as the kernel sent it (kernel code can put anything there).
+
+        Other messages for the request (its status, anything kernel code forges for it) are
+        dropped, up to `_MAX_SIDE_MESSAGES`; past that the request is given up and None returned.
+
+        Raises:
+            KernelConnectionLost: The kernel was lost before it replied.
+        """
+        if self.exited.is_set():
+            raise self.lost_error()
+        msg_id = self.new_msg_id()
+        inbox = self._waiters[msg_id] = Inbox(self._message_limit)
+        request = {"code": "", "silent": True, "store_history": False, "user_expressions": expressions}
+        try:
+            self._send("shell", "execute_request", {**request, "allow_stdin": False, "stop_on_error": False}, msg_id)
+            side = 0
+            async for msg in inbox:
+                if msg["header"]["msg_type"] == "execute_reply":
+                    return msg["content"]
+                side += 1
+                if side > _MAX_SIDE_MESSAGES:
+                    return None
+            raise self.lost_error()
         finally:
             self._waiters.pop(msg_id, None)
             inbox.close()

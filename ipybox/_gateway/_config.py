@@ -35,6 +35,9 @@ class GatewayKernel:
         push_sources: Send ``ipybox_kernel`` and the generated tool modules into the kernel at each
             start, through cells. False: the kernel image provides them (same ipybox version).
         request_timeout: Seconds one REST request may take.
+        transfer_timeout: Seconds the kernel may take to answer one request of an upload or
+            download (one chunk of at most 1 MiB); then it is interrupted (restarted if it does not
+            stop) and the transfer fails with `FileTransferError`.
     """
 
     url: str
@@ -44,6 +47,7 @@ class GatewayKernel:
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     push_sources: bool = True
     request_timeout: float = 30.0
+    transfer_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url) if isinstance(self.url, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -64,8 +68,10 @@ class GatewayKernel:
                 raise UsageError(f"GatewayKernel {what} must map str to str, got {given!r}")
             # A private copy: the caller's dict changing later must not change a frozen config.
             object.__setattr__(self, what, MappingProxyType(dict(given)))  # pyright: ignore[reportUnknownArgumentType]
-        if not self.request_timeout > 0:
-            raise UsageError(f"GatewayKernel request_timeout must be positive, got {self.request_timeout!r}")
+        for what in ("request_timeout", "transfer_timeout"):
+            seconds: object = getattr(self, what)
+            if not isinstance(seconds, (int, float)) or not seconds > 0:
+                raise UsageError(f"GatewayKernel {what} must be a positive number of seconds, got {seconds!r}")
 
     @property
     def base(self) -> str:
