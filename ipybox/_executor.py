@@ -122,8 +122,9 @@ class CodeExecutor:
         kernel: Where the kernel runs: None for a local kernel (sandboxed as ``sandbox`` says), or a
             `GatewayKernel` for one on Jupyter Kernel Gateway or Enterprise Gateway. A remote
             kernel's sandbox is the gateway's (leave ``sandbox`` at ``"auto"``); ``workspace`` then
-            only receives the images of results, and `upload`, `download` and `install` are
-            refused (see the "Remote kernels" documentation).
+            only receives the images of results, `upload` and `download` copy files to and from the
+            kernel's working directory over the kernel protocol (in turn with executions), and
+            `install` is refused (see the "Remote kernels" documentation).
     """
 
     def __init__(
@@ -645,7 +646,12 @@ class CodeExecutor:
         """Copy a host file into the workspace; ``dst`` is relative to the workspace.
 
         Returns:
-            The path of the written file.
+            The path of the written file (with a `GatewayKernel`: relative to the kernel's working
+            directory, where the file was written over the kernel protocol).
+
+        Raises:
+            UsageError: ``dst`` leaves the workspace or goes through a symlink.
+            FileTransferError: With a `GatewayKernel`: the kernel failed or broke the copy.
         """
         if self._remote_files is not None:
             self._require_running()
@@ -665,9 +671,13 @@ class CodeExecutor:
             max_bytes: The largest file to copy (None: no limit). The kernel can make a file of
                 any size in an instant, and grow it while it is copied; the cap holds either way.
 
+        With a `GatewayKernel`, ``src`` is relative to the kernel's working directory, and the file
+        comes over the kernel protocol in chunks under the same rules.
+
         Raises:
             UsageError: ``src`` is not a regular file in the workspace, or has more than
                 ``max_bytes``.
+            FileTransferError: With a `GatewayKernel`: the kernel failed or broke the copy.
         """
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"max_bytes must be a number of bytes (>= 0) or None, got {max_bytes!r}")
