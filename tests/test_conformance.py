@@ -93,8 +93,10 @@ async def test_variables_persist_between_executions(ex: CodeExecutor) -> None:
 async def test_output_streams_while_the_code_runs_and_an_interrupt_reaches_it(ex: CodeExecutor) -> None:
     code = (
         "import threading\n"
-        "print('waiting', flush=True)\n"
+        # Inside the try: the host interrupts as soon as it sees the line, which can be before the
+        # next statement runs.
         "try:\n"
+        "    print('waiting', flush=True)\n"
         "    threading.Event().wait()  # an event nothing sets: runs until interrupted\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted')"
