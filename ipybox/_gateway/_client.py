@@ -73,7 +73,7 @@ _MAX_DEPTH = 64 + 8
 _READY_RETRY = 1.0
 # Deleting a kernel normally takes a fraction of a second (the gateway asks it to shut down first).
 _DELETE_TIMEOUT = 10.0
-# Messages other than the reply an `evaluate` request takes (ipykernel sends two: busy and idle).
+# Messages before its reply that one `evaluate` request accepts (ipykernel sends one: busy).
 _MAX_SIDE_MESSAGES = 64
 # Websocket keep-alive: a silent peer (a dropped network) is noticed within the sum.
 _PING_INTERVAL = 20.0
@@ -146,10 +146,8 @@ class RemoteKernel:
 
     async def evaluate(self, expressions: dict[str, str]) -> dict[str, object] | None:
         """Evaluate expressions in the kernel by a silent execute request without code, and return
-        its reply's content as the kernel sent it (kernel code can put anything there).
-
-        Other messages for the request (its status, anything kernel code forges for it) are
-        dropped, up to `_MAX_SIDE_MESSAGES`; past that the request is given up and None returned.
+        its reply's content unchecked; None if the kernel sent over `_MAX_SIDE_MESSAGES` other
+        messages for the request first (ipybox._gateway._files runs uploads and downloads with it).
 
         Raises:
             KernelConnectionLost: The kernel was lost before it replied.
@@ -443,12 +441,7 @@ async def _create(http: httpx.AsyncClient, config: GatewayKernel, start_timeout:
 
 @functools.cache
 def _tls() -> ssl.SSLContext:
-    """The TLS context of the gateway's REST requests: httpx's default (certifi's CAs, or
-    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` as set when it is first built), built once per process.
-
-    httpx would build one per client, that is per kernel start, loading the whole CA bundle each
-    time: tens of milliseconds of CPU, and thousands of small allocations that fragmented the host's
-    heap (150 start/stop cycles grew the host's RSS by 7.4 MiB with a context per client, by 1.2 MiB
-    with this one; see docs/remote.md).
-    """
+    """httpx's default TLS context (certifi's CAs, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` as set at
+    the first call), built once per process: httpx would load the whole CA bundle for every client,
+    that is every kernel start, costing tens of ms and fragmenting the host's heap (docs/remote.md)."""
     return httpx.create_ssl_context()

@@ -143,8 +143,9 @@ class RemoteFiles:
             kernel = await self._kernel()
             chunk = min(_DOWNLOAD_CHUNK, (kernel.frame_limit - _REPLY_ROOM) // 4 * 3)
             steps = _Steps(kernel, path, self._timeout, self._grace)
-            [size] = steps.numbers(await steps.call("open_read", parts), 1)
+            opened = await steps.call("open_read", parts)
             try:
+                [size] = steps.numbers(opened, 1)
                 if max_bytes is not None and size > max_bytes:
                     raise FileTooLarge(path, size, max_bytes, grew=False, fix=fix)
                 partial = dst.with_name(f".{dst.name}.ipybox-{secrets.token_hex(4)}")
