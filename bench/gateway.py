@@ -5,9 +5,10 @@ docs/remote.md asks of operators), then measures:
 
 1. ``1+1`` and one approved tool call (the test server's ``greet``), local vs gateway: medians and ratios;
 2. 20 executors at once through the one gateway: wall time to start them all and run ``1+1`` in each;
-3. 1,000 executions through the gateway, and 100 executor start/stop cycles: the host's RSS and the
+3. ``upload`` and ``download`` of a 10 MB file, local vs gateway: medians in MB/s;
+4. 1,000 executions through the gateway, and 100 executor start/stop cycles: the host's RSS and the
    gateway's kernel count before and after (no leak: the count returns to what it was);
-4. a dropped websocket, through a TCP relay the benchmark cuts while a cell runs: the time from the
+5. a dropped websocket, through a TCP relay the benchmark cuts while a cell runs: the time from the
    cut until the link is reopened and the kernel checked (the path back at once), and from the
    path's return until output the kernel printed while it was down arrives (medians).
 
@@ -38,6 +39,7 @@ from servers.gateway import Gateway, relay, run_gateway
 
 from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutionResult, CodeExecutor, GatewayKernel, Timeouts
 
+TRANSFER_BYTES = 10 * 10**6
 GREET = "from ipybox_kernel import call_tool\ncall_tool('test', 'greet', {'name': 'bench'})"
 
 
@@ -97,6 +99,28 @@ async def concurrent(gw: Gateway, workspace: Path, executors: int) -> None:
         f"start median {statistics.median(ready):.2f} s (max {max(ready):.2f} s), "
         f"`1+1` median {median_ms(runs):.1f} ms (max {max(runs) * 1000:.1f} ms)"
     )
+
+
+async def transfers(gw: Gateway, workspace: Path, runs: int) -> None:
+    src, back = workspace / "transfer-src.bin", workspace / "transfer-back.bin"
+    src.write_bytes(os.urandom(TRANSFER_BYTES))
+    rows: dict[str, tuple[float, float]] = {}
+    for name, remote in (("local", None), ("gateway", kernel(gw))):
+        up: list[float] = []
+        down: list[float] = []
+        async with CodeExecutor(workspace=workspace, tools_dir=None, kernel=remote) as ex:
+            for _ in range(runs):
+                start = time.perf_counter()
+                await ex.upload(src, "transfer.bin")
+                up.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                await ex.download("transfer.bin", back)
+                down.append(time.perf_counter() - start)
+                assert back.read_bytes() == src.read_bytes()
+        rows[name] = (TRANSFER_BYTES / 1e6 / statistics.median(up), TRANSFER_BYTES / 1e6 / statistics.median(down))
+    print(f"\n| {TRANSFER_BYTES // 10**6} MB file, median of {runs} | local | gateway |\n| --- | --- | --- |")
+    for i, what in enumerate(("upload", "download")):
+        print(f"| `{what}` | {rows['local'][i]:.0f} MB/s | {rows['gateway'][i]:.0f} MB/s |")
 
 
 async def soak(gw: Gateway, workspace: Path, executions: int, cycles: int) -> None:
@@ -221,12 +245,13 @@ async def reconnection(gw: Gateway, workspace: Path, runs: int) -> None:
 
 
 async def main(quick: bool, reconnect_only: bool) -> None:
-    n, executors, executions, cycles = (20, 5, 100, 10) if quick else (50, 20, 1000, 100)
+    n, executors, runs, executions, cycles = (20, 5, 3, 100, 10) if quick else (50, 20, 7, 1000, 100)
     with run_gateway() as gw, tempfile.TemporaryDirectory() as tmp:
         workspace = Path(tmp)
         if not reconnect_only:
             await latency(gw, workspace, n)
             await concurrent(gw, workspace, executors)
+            await transfers(gw, workspace, runs)
             await soak(gw, workspace, executions, cycles)
         await reconnection(gw, workspace, 5 if quick else 15)
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ._exceptions import ExecutionError as ExecutionError
     from ._exceptions import ExecutionLost as ExecutionLost
     from ._exceptions import ExecutionTimeout as ExecutionTimeout
+    from ._exceptions import FileTransferError as FileTransferError
     from ._exceptions import GenerationError as GenerationError
     from ._exceptions import InvalidSkill as InvalidSkill
     from ._exceptions import IpyboxError as IpyboxError
@@ -79,6 +80,7 @@ _LAZY = {
     "ExecutionError": "._exceptions",
     "ExecutionLost": "._exceptions",
     "ExecutionTimeout": "._exceptions",
+    "FileTransferError": "._exceptions",
     "GatewayKernel": "._gateway._config",
     "GenerationError": "._exceptions",
     "HttpServer": "._mcp",
@@ -132,6 +134,7 @@ __all__ = (
     "ExecutionError",
     "ExecutionLost",
     "ExecutionTimeout",
+    "FileTransferError",
     "GatewayKernel",
     "GenerationError",
     "HttpServer",

@@ -11,11 +11,13 @@ second::
     ├── KernelError               the kernel process failed
     │   ├── KernelStartError      it did not become ready
     │   └── KernelDied            it exited while running code (os._exit, a signal, OOM)
+    │       └── KernelConnectionLost   the connection to a kernel on a gateway ended (url, kernel_id)
     ├── ExecutionError            a code action did not complete normally
     │   ├── CodeExecutionError    the code raised (ename, evalue, traceback)
     │   ├── ExecutionTimeout      it ran past its timeout and was interrupted
     │   └── ExecutionCancelled    it was cancelled
     ├── ExecutionLost             an execution key or approval id is not known (any more)
+    ├── FileTransferError         a file was not copied to or from a kernel on a gateway (path, reason)
     ├── MCPServerError            an MCP server could not be reached or failed (server_name)
     └── GenerationError           typed sources could not be generated for a server (server_name)
 
@@ -31,6 +33,7 @@ __all__ = (
     "ExecutionError",
     "ExecutionLost",
     "ExecutionTimeout",
+    "FileTransferError",
     "GenerationError",
     "InvalidSkill",
     "IpyboxError",
@@ -226,3 +229,25 @@ class KernelConnectionLost(KernelDied):
         )
         self.url = url
         self.kernel_id = kernel_id
+
+
+class FileTransferError(IpyboxError):
+    """`CodeExecutor.upload` or ``download`` failed on a kernel that runs on a gateway.
+
+    The kernel failed the copy (a full disk, say), broke the transfer's protocol (kernel code can
+    replace ipybox's side of it), or did not answer in time. The destination is left as it was;
+    the executor keeps working.
+
+    Attributes:
+        path: The file in the kernel's working directory, as given.
+        reason: What went wrong.
+        restarted: True when the kernel did not answer, ignored the interrupt that followed and was
+            restarted (its state is lost).
+    """
+
+    def __init__(self, path: str, reason: str, *, restarted: bool = False) -> None:
+        tail = "; the kernel did not stop on interrupt, so it was restarted and its state is lost" if restarted else ""
+        super().__init__(f"copying {path!r} to or from the kernel on the gateway failed: {reason}{tail}")
+        self.path = path
+        self.reason = reason
+        self.restarted = restarted

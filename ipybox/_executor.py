@@ -25,6 +25,7 @@ from ._execution import Execution, ExecutionDriver, open_execution
 from ._gate import ApprovalGate
 from ._gateway._config import GatewayKernel
 from ._gateway._executor import check_gateway, refuse_remote
+from ._gateway._files import RemoteFiles
 from ._kernel import KernelHandle
 from ._kernelhome import check_bytecode
 from ._kernelside import KernelSide
@@ -110,8 +111,9 @@ class CodeExecutor:
         kernel: Where the kernel runs: None for a local kernel (sandboxed as ``sandbox`` says), or a
             `GatewayKernel` for one on Jupyter Kernel Gateway or Enterprise Gateway. A remote
             kernel's sandbox is the gateway's (leave ``sandbox`` at ``"auto"``); ``workspace`` then
-            only receives the images of results, and `upload`, `download` and `install` are
-            refused (see the "Remote kernels" documentation).
+            only receives the images of results, `upload` and `download` copy files to and from the
+            kernel's working directory over the kernel protocol (in turn with executions), and
+            `install` is refused (see the "Remote kernels" documentation).
     """
 
     def __init__(
@@ -166,6 +168,9 @@ class CodeExecutor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
         self._kernels = KernelSupervisor(self._side.open)
+        self._remote_files = None
+        if self.gateway is not None:
+            self._remote_files = RemoteFiles(self._kernels, self._lock, self.gateway, self.timeouts.interrupt_grace)
         self._keyed = KeyedExecutions()
         self._tools: ToolServer | None = None
 
@@ -464,9 +469,16 @@ class CodeExecutor:
         """Copy a host file into the workspace; ``dst`` is relative to the workspace.
 
         Returns:
-            The path of the written file.
+            The path of the written file (with a `GatewayKernel`: relative to the kernel's working
+            directory, where the file was written over the kernel protocol).
+
+        Raises:
+            UsageError: ``dst`` leaves the workspace or goes through a symlink.
+            FileTransferError: With a `GatewayKernel`: the kernel failed or broke the copy.
         """
-        refuse_remote(self.gateway, "upload")
+        if self._remote_files is not None:
+            self._require_running()
+            return await self._remote_files.upload(src, dst)
         data = await anyio.Path(src).read_bytes()
         return await anyio.to_thread.run_sync(write_file, self.workspace, dst, data)
 
@@ -482,14 +494,21 @@ class CodeExecutor:
             max_bytes: The largest file to copy (None: no limit). The kernel can make a file of
                 any size in an instant, and grow it while it is copied; the cap holds either way.
 
+        With a `GatewayKernel`, ``src`` is relative to the kernel's working directory, and the file
+        comes over the kernel protocol in chunks under the same rules.
+
         Raises:
             UsageError: ``src`` is not a regular file in the workspace, or has more than
                 ``max_bytes``.
+            FileTransferError: With a `GatewayKernel`: the kernel failed or broke the copy.
         """
-        refuse_remote(self.gateway, "download")
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"max_bytes must be a number of bytes (>= 0) or None, got {max_bytes!r}")
         fix = "pass a larger max_bytes to download() (None for no limit) if you do want all of it"
+        if self._remote_files is not None:
+            self._require_running()
+            await self._remote_files.download(src, Path(dst), max_bytes=max_bytes, fix=fix)
+            return Path(dst)
         await anyio.to_thread.run_sync(
             functools.partial(copy_file, self.workspace, src, Path(dst), max_bytes=max_bytes, fix=fix)
         )

@@ -69,6 +69,9 @@ def install(output: int | None, message_bytes: int | None) -> None:
 
     from IPython import get_ipython
 
+    # Imported now, before user code can change the working directory it records (the files
+    # the host uploads and downloads are relative to it).
+    from . import _files  # noqa: F401  # pyright: ignore[reportUnusedImport]
     from ._launch import prepare
 
     shell: Any = get_ipython()

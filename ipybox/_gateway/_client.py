@@ -23,8 +23,10 @@ execution gets a fresh one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import ssl
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import asynccontextmanager
@@ -73,6 +75,8 @@ _MAX_DEPTH = 64 + 8
 _READY_RETRY = 1.0
 # Deleting a kernel normally takes a fraction of a second (the gateway asks it to shut down first).
 _DELETE_TIMEOUT = 10.0
+# Messages before its reply that one `evaluate` request accepts (ipykernel sends one: busy).
+_MAX_SIDE_MESSAGES = 64
 
 
 class RemoteKernel:
@@ -143,6 +147,35 @@ class RemoteKernel:
                 yield event
             if not inbox.ended:
                 raise self.lost_error()
+        finally:
+            self._waiters.pop(msg_id, None)
+            inbox.close()
+            if not self._waiters:
+                self._recovery.forget_answers()
+
+    async def evaluate(self, expressions: dict[str, str]) -> dict[str, object] | None:
+        """Evaluate expressions in the kernel by a silent execute request without code, and return
+        its reply's content unchecked; None if the kernel sent over `_MAX_SIDE_MESSAGES` other
+        messages for the request first (ipybox._gateway._files runs uploads and downloads with it).
+
+        Raises:
+            KernelConnectionLost: The kernel was lost before it replied.
+        """
+        if self.exited.is_set():
+            raise self.lost_error()
+        msg_id = self.new_msg_id()
+        inbox = self._waiters[msg_id] = Request(self._message_limit)
+        request = {"code": "", "silent": True, "store_history": False, "user_expressions": expressions}
+        try:
+            self._send("shell", "execute_request", {**request, "allow_stdin": False, "stop_on_error": False}, msg_id)
+            side = 0
+            async for msg in inbox:
+                if msg["header"]["msg_type"] == "execute_reply":
+                    return msg["content"]
+                side += 1
+                if side > _MAX_SIDE_MESSAGES:
+                    return None
+            raise self.lost_error()
         finally:
             self._waiters.pop(msg_id, None)
             inbox.close()
@@ -325,7 +358,8 @@ class RemoteKernel:
             KernelStartError: The gateway refused or failed to start the kernel, the websocket could
                 not be opened, or the kernel was not ready (setup included) within ``start_timeout``.
         """
-        async with httpx.AsyncClient(headers=config.http_headers(), timeout=config.request_timeout) as http:
+        http_client = httpx.AsyncClient(headers=config.http_headers(), timeout=config.request_timeout, verify=_tls())
+        async with http_client as http:
             # One deadline for the whole start: the request, the websocket, readiness and setup.
             deadline = anyio.current_time() + start_timeout
             kernel_id = await _create(http, config, start_timeout, deadline)
@@ -404,3 +438,11 @@ async def _create(http: httpx.AsyncClient, config: GatewayKernel, start_timeout:
             f"{where} answered the kernel start without a usable kernel id", output=response.text[:2000]
         )
     return kernel_id
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's default TLS context (certifi's CAs, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` as set at
+    the first call), built once per process: httpx would load the whole CA bundle for every client,
+    that is every kernel start, costing tens of ms and fragmenting the host's heap (docs/remote.md)."""
+    return httpx.create_ssl_context()

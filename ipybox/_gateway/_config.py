@@ -44,6 +44,9 @@ class GatewayKernel:
         reconnect_timeout: Seconds to spend reopening a lost websocket to the same kernel (same
             kernel id and session, so the gateway replays what it buffered meanwhile) before the
             kernel is given up for lost. 0: give it up at once, as a kernel that died.
+        transfer_timeout: Seconds the kernel may take to answer one request of an upload or
+            download (one chunk of at most 1 MiB); then it is interrupted (restarted if it does not
+            stop) and the transfer fails with `FileTransferError`.
     """
 
     url: str
@@ -54,6 +57,7 @@ class GatewayKernel:
     push_sources: bool = True
     request_timeout: float = 30.0
     reconnect_timeout: float = 30.0
+    transfer_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url) if isinstance(self.url, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -74,8 +78,10 @@ class GatewayKernel:
                 raise UsageError(f"GatewayKernel {what} must map str to str, got {given!r}")
             # A private copy: the caller's dict changing later must not change a frozen config.
             object.__setattr__(self, what, MappingProxyType(dict(given)))  # pyright: ignore[reportUnknownArgumentType]
-        if not self.request_timeout > 0:
-            raise UsageError(f"GatewayKernel request_timeout must be positive, got {self.request_timeout!r}")
+        for what in ("request_timeout", "transfer_timeout"):
+            seconds: object = getattr(self, what)
+            if not isinstance(seconds, (int, float)) or not seconds > 0:
+                raise UsageError(f"GatewayKernel {what} must be a positive number of seconds, got {seconds!r}")
         reconnect = self.reconnect_timeout
         if isinstance(reconnect, bool) or not isinstance(reconnect, int | float) or not 0 <= reconnect < math.inf:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(

@@ -42,7 +42,7 @@ def check_gateway(kernel: object, sandbox: SandboxConfig | Literal["auto"] | Non
 
 
 def refuse_remote(gateway: GatewayKernel | None, method: str) -> None:
-    """Refuse a `CodeExecutor` method that works on the host's workspace when the kernel is remote.
+    """Refuse a `CodeExecutor` method that works on the host's environment when the kernel is remote.
 
     Raises:
         UsageError: The kernel runs on a gateway.
@@ -50,8 +50,7 @@ def refuse_remote(gateway: GatewayKernel | None, method: str) -> None:
     if gateway is not None:
         raise UsageError(
             f"CodeExecutor.{method}() works on the host's workspace and environment, which a kernel on the "
-            f"gateway {gateway.base} does not see; move files through code you execute (or a volume the kernel "
-            "mounts), and install packages in the kernel's image"
+            f"gateway {gateway.base} does not see; install packages in the kernel's image"
         )
 
 
