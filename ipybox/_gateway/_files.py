@@ -193,24 +193,26 @@ class _Steps:
         """
         arguments = "".join(f", {arg!r}" for arg in (self._tid, *args))
         expression = f"__import__('ipybox_kernel._files')._files.serve({op!r}{arguments})"
+        flooded = False
         with anyio.move_on_after(self._timeout):
             try:
                 content = await self._kernel.evaluate({"r": expression})
             except IpyboxError:
                 self._usable = False
                 raise
-            return self._answer(content)
+            if content is not None:
+                return self._answer(content)
+            flooded = True
+        # Either way the request may still run in the kernel, ahead of everything sent after it.
         restarted = await self._unstick()
         self._usable = False
-        raise FileTransferError(
-            self._path,
-            f"the kernel did not answer a request within {self._timeout:g} s (GatewayKernel.transfer_timeout)",
-            restarted=restarted,
-        )
+        if flooded:
+            reason = self.broken("it sent many messages for one request instead of its reply").reason
+        else:
+            reason = f"the kernel did not answer a request within {self._timeout:g} s (GatewayKernel.transfer_timeout)"
+        raise FileTransferError(self._path, reason, restarted=restarted)
 
-    def _answer(self, content: dict[str, object] | None) -> list[str]:
-        if content is None:
-            raise self.broken("it sent many messages for one request instead of its reply")
+    def _answer(self, content: dict[str, object]) -> list[str]:
         answer = _field(content.get("user_expressions"), "r")
         if answer.get("status") == "error":
             raised = f"{answer.get('ename')}: {answer.get('evalue')}"[:_ERROR_CHARS]
