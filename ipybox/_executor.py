@@ -44,9 +44,7 @@ from .network._setup import NET_SOCKET, check_network
 from .sandbox._sandbox import resolve_sandbox
 from .skills._store import (
     Skill,
-    check_skill,
     skill_arguments,
-    write_skill,
 )
 
 __all__ = ("CodeExecutor",)
@@ -138,14 +136,8 @@ class CodeExecutor:
         check_approval(approval)
         if pool is not None and not isinstance(pool, KernelPool):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"pool must be a KernelPool, got {pool!r}")
-        self.gateway = check_gateway(kernel, sandbox)
+        self.gateway = check_gateway(kernel, sandbox, pool=pool, skills_dir=skills_dir)
         self.sandbox = resolve_sandbox(sandbox) if self.gateway is None else None
-        if self.gateway is not None and (pool is not None or skills_dir is not None):
-            raise UsageError(
-                "a GatewayKernel cannot be combined with pool or skills_dir: the gateway starts the kernel, "
-                "which cannot come from a KernelPool on this host nor mount its skills directory; drop them, "
-                "or drop kernel= to run the kernel here"
-            )
         self.network = check_network(network, self.sandbox)
         self._proxy: NetworkProxy | None = None
         self.limits = limits or Limits()
@@ -445,18 +437,7 @@ class CodeExecutor:
                 cannot be trusted any more.
         """
         self._require_running()
-        if not self._side.has_skills:
-            raise UsageError("this CodeExecutor has no skills directory; pass skills_dir='skills' (or another path)")
-        check_skill(name, code, description, reserved=self._reserved_names())
-        # The directory may have been deleted, or a symlink planted on its way, since the kernel started.
-        self._side.prepare_skills_dir()
-        assert self.skills_dir is not None
-        return await anyio.to_thread.run_sync(
-            functools.partial(write_skill, self.skills_dir, name, code, description, overwrite=overwrite)
-        )
-
-    def _reserved_names(self) -> list[str]:
-        return [self.tools_dir.name] if self.tools_dir is not None else []
+        return await self._side.save_skill(name, code, description, overwrite=overwrite)
 
     async def _save_skill_from_kernel(self, arguments: Mapping[str, object]) -> str:
         name, code, description, overwrite = skill_arguments(arguments)

@@ -9,6 +9,7 @@ tools and approvals only. Its `open` is the `KernelSupervisor`'s kernel opener.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
@@ -18,6 +19,9 @@ from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import anyio
+import anyio.to_thread
 
 from ._config import Limits, SandboxConfig
 from ._exceptions import KernelStartError, UsageError
@@ -31,7 +35,7 @@ from ._tooldir import tools_dir_path
 from ._toolserver._server import ToolServer
 from .network._proxy import NetworkProxy
 from .network._setup import NET_SOCKET
-from .skills._store import SKILLS_PACKAGE, prepare_skills_dir, skills_dir_path
+from .skills._store import SKILLS_PACKAGE, Skill, check_skill, prepare_skills_dir, skills_dir_path, write_skill
 
 __all__ = ("KernelSide", "Listeners")
 
@@ -218,6 +222,24 @@ class KernelSide:
             self._skills_given, kernel_writable=self.kernel_writable(), tools_dir=self.tools_dir
         )
         link_tools_dir(self.home, self.skills_dir, name=SKILLS_PACKAGE)
+
+    async def save_skill(self, name: str, code: str, description: str, *, overwrite: bool) -> Skill:
+        """Check and write a skill (see `CodeExecutor.save_skill`).
+
+        Raises:
+            InvalidSkill: The name, code or description cannot be used, or the skill exists.
+            UsageError: There is no skills directory, or it cannot be trusted any more.
+        """
+        if self._skills_given is None:
+            raise UsageError("this CodeExecutor has no skills directory; pass skills_dir='skills' (or another path)")
+        # A skill must not shadow the tools package in the kernel's import root.
+        check_skill(name, code, description, reserved=[self.tools_dir.name] if self.tools_dir is not None else [])
+        # The directory may have been deleted, or a symlink planted on its way, since the kernel started.
+        self.prepare_skills_dir()
+        assert self.skills_dir is not None
+        return await anyio.to_thread.run_sync(
+            functools.partial(write_skill, self.skills_dir, name, code, description, overwrite=overwrite)
+        )
 
     def _recheck_dirs(self) -> None:
         """`prepare_dirs` before a restart, where a failure is a start error of that kernel.

@@ -16,17 +16,25 @@ from ipybox._kernel import KernelHandle, message_limit
 __all__ = ("check_gateway", "open_gateway_kernel", "refuse_remote")
 
 
-def check_gateway(kernel: object, sandbox: SandboxConfig | Literal["auto"] | None) -> GatewayKernel | None:
-    """``CodeExecutor(kernel=...)`` checked.
+def check_gateway(
+    kernel: object, sandbox: SandboxConfig | Literal["auto"] | None, *, pool: object, skills_dir: object
+) -> GatewayKernel | None:
+    """``CodeExecutor(kernel=...)`` checked against the executor's other settings.
 
     Raises:
-        UsageError: ``kernel`` is not a `GatewayKernel`, a local sandbox was asked for with it, or
-            the ``gateway`` extra is not installed.
+        UsageError: ``kernel`` is not a `GatewayKernel`, a local sandbox, a pool or a skills
+            directory was asked for with it, or the ``gateway`` extra is not installed.
     """
     if kernel is None:
         return None
     if not isinstance(kernel, GatewayKernel):
         raise UsageError(f"kernel must be a GatewayKernel or None (a local kernel), got {kernel!r}")
+    if pool is not None or skills_dir is not None:
+        raise UsageError(
+            "a GatewayKernel cannot be combined with pool or skills_dir: the gateway starts the kernel, "
+            "which cannot come from a KernelPool on this host nor mount its skills directory; drop them, "
+            "or drop kernel= to run the kernel here"
+        )
     if isinstance(sandbox, SandboxConfig):
         raise UsageError(
             "a SandboxConfig applies to local kernels only; a kernel on a gateway runs in the gateway's sandbox "
