@@ -37,10 +37,13 @@ PATCH = "import ipybox_kernel._files as files\nreal_serve = files.serve\nfiles.s
 async def remote(gateway: Gateway, workspace: Path) -> AsyncGenerator[CodeExecutor]:
     """A fresh executor on the gateway per test: hostile tests replace its kernel's side of transfers."""
     kernel = GatewayKernel(gateway.url, token=gateway.token, transfer_timeout=TRANSFER_TIMEOUT)
+    before = set(gateway.kernel_ids())
     async with CodeExecutor(
         workspace=workspace, tools_dir=None, kernel=kernel, limits=Limits(output_chars=OUTPUT_CHARS)
     ) as ex:
         yield ex
+    # Every kernel the executor started is gone from the gateway, the ones it replaced included.
+    assert not set(gateway.kernel_ids()) - before
 
 
 @pytest.fixture

@@ -74,7 +74,8 @@ async def through_relay(
             await ex.execute("kept = 'from before the drop'")
             [kernel_id] = set(gateway.kernel_ids()) - before
             yield hop, ex, kernel_id
-    assert set(gateway.kernel_ids()) == before
+    # Only this test's kernels: one an earlier test gave up on may still be finishing its shutdown.
+    assert not set(gateway.kernel_ids()) - before
 
 
 async def next_runs_on_a_fresh_kernel(ex: CodeExecutor, gateway: Gateway, lost: str) -> None:

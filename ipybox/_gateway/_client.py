@@ -75,6 +75,8 @@ _MAX_DEPTH = 64 + 8
 _READY_RETRY = 1.0
 # Deleting a kernel normally takes a fraction of a second (the gateway asks it to shut down first).
 _DELETE_TIMEOUT = 10.0
+# The first wait before asking again to delete a kernel the gateway could not delete yet (doubling).
+_DELETE_RETRY = 0.1
 # Messages before its reply that one `evaluate` request accepts (ipykernel sends one: busy).
 _MAX_SIDE_MESSAGES = 64
 
@@ -95,7 +97,7 @@ class RemoteKernel:
         self._waiters: dict[str, Request] = {}
         self._message_limit = message_limit(limits.output_chars)
         self._bridge: ToolBridge | None = None
-        self._deleted = False
+        self._deleted: anyio.Event | None = None
         self.exit_code: int | None = None
         self.stop_reason: str | None = None
         """Why the kernel is gone for the host, once it is."""
@@ -199,20 +201,32 @@ class RemoteKernel:
             await self.delete()
 
     async def delete(self) -> None:
-        """``DELETE`` the kernel on the gateway, once; failures are logged, not raised."""
-        if self._deleted:
+        """``DELETE`` the kernel on the gateway, once; failures are logged, not raised. A second caller
+        waits for the first's request: `start` closes the HTTP client after this returns, and must not
+        cut a deletion a transfer's `kill_and_wait` has under way."""
+        if self._deleted is not None:
+            await self._deleted.wait()
             return
-        self._deleted = True
+        self._deleted = anyio.Event()
         url = f"{self.config.base}/api/kernels/{self.kernel_id}"
         try:
             with anyio.fail_after(_DELETE_TIMEOUT):
                 response = await self._http.delete(url)
+                wait = _DELETE_RETRY
+                while response.status_code >= 500:
+                    # The gateway refuses to delete a kernel it is restarting (its process died) with a
+                    # 500; once restarted it would idle there until culled. Asked again, it goes.
+                    await anyio.sleep(wait)
+                    wait = min(wait * 2, _READY_RETRY)
+                    response = await self._http.delete(url)
             if response.status_code not in (204, 404):
                 logger.warning(
                     "deleting kernel %s on %s: HTTP %s", self.kernel_id, self.config.base, response.status_code
                 )
         except (httpx.HTTPError, TimeoutError) as exc:
-            logger.warning("deleting kernel %s on %s failed: %s", self.kernel_id, self.config.base, exc)
+            logger.warning("deleting kernel %s on %s failed: %r", self.kernel_id, self.config.base, exc)
+        finally:
+            self._deleted.set()
 
     # -- the websocket ----------------------------------------------------------------------------
 
