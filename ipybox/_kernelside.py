@@ -3,8 +3,9 @@
 Whether a kernel is started from the executor's `KernelSpec`, taken from a `KernelPool` or started
 on a gateway, it needs the same things from the host: the executor's private directory (tool socket,
 network proxy socket, installed packages, import root), its tool token, and a tools and a skills
-directory checked again before every start. `KernelSide` owns all of them, so that `CodeExecutor` deals with executions,
-tools and approvals only. Its `open` is the `KernelSupervisor`'s kernel opener.
+directory checked again before every start. `KernelSide` owns all of them, so that `CodeExecutor`
+deals with executions, tools and approvals only. Its `open` is the `KernelSupervisor`'s kernel
+opener.
 """
 
 from __future__ import annotations
