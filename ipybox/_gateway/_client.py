@@ -150,10 +150,7 @@ class RemoteKernel:
             if not inbox.ended:
                 raise self.lost_error()
         finally:
-            self._waiters.pop(msg_id, None)
-            inbox.close()
-            if not self._waiters:
-                self._recovery.forget_answers()
+            self._done_waiting(msg_id, inbox)
 
     async def evaluate(self, expressions: dict[str, str]) -> dict[str, object] | None:
         """Evaluate expressions in the kernel by a silent execute request without code, and return
@@ -179,10 +176,14 @@ class RemoteKernel:
                     return None
             raise self.lost_error()
         finally:
-            self._waiters.pop(msg_id, None)
-            inbox.close()
-            if not self._waiters:
-                self._recovery.forget_answers()
+            self._done_waiting(msg_id, inbox)
+
+    def _done_waiting(self, msg_id: str, inbox: Request) -> None:
+        """Stop routing the request's messages; the tool answers kept for a reconnection go with the last."""
+        self._waiters.pop(msg_id, None)
+        inbox.close()
+        if not self._waiters:
+            self._recovery.forget_answers()
 
     def lost_error(self) -> KernelConnectionLost:
         return KernelConnectionLost(
