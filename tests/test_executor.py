@@ -338,7 +338,7 @@ async def test_the_cpu_limit_ends_a_kernel_that_spins_past_it(workspace: Path) -
 
 async def test_interrupt_stops_running_code(workspace: Path) -> None:
     async with CodeExecutor(workspace=workspace) as ex:
-        execution = ex.execute("import time\nprint('started', flush=True)\ntime.sleep(60)")
+        execution = ex.execute("import threading\nprint('started', flush=True)\nthreading.Event().wait()")
         async for event in execution:
             assert isinstance(event, CodeExecutionChunk)
             assert event.text == "started\n"

@@ -227,9 +227,9 @@ async def test_a_stdio_client_registers_a_server_calls_its_tools_from_code_and_l
             assert _text(failed).startswith("before\n")
             assert "ZeroDivisionError: division by zero" in _text(failed) and "----> 2 1/0" in _text(failed)
 
-            slow = await _call(
-                client, "execute_ipython_cell", code="import time\nprint('started')\ntime.sleep(30)", timeout=1
-            )
+            # An event nothing sets: runs until the timeout interrupts it.
+            forever = "import threading\nprint('started')\nthreading.Event().wait()"
+            slow = await _call(client, "execute_ipython_cell", code=forever, timeout=1)
             assert slow.is_error
             assert "timeout of 1 s" in _text(slow) and "started" in _text(slow) and "keeps its state" in _text(slow)
 

@@ -141,7 +141,7 @@ async def test_a_kernel_killed_from_outside_mid_execution_is_kernel_died_and_a_n
     async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
         dirs = run_dirs(ex)
         old = kernel_of(ex)
-        execution = ex.execute("import time\nprint('running', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+        execution = ex.execute("import threading\nprint('running', flush=True)\nthreading.Event().wait()\n")
         with anyio.fail_after(30), pytest.raises(KernelDied):
             async for event in execution:
                 if isinstance(event, CodeExecutionChunk):
@@ -169,7 +169,7 @@ async def test_a_kernel_that_dies_while_its_sandbox_init_is_stopped_is_still_ker
         old = kernel_of(ex)
         init, kernel = sandbox_init_and_kernel(old.pid)
         os.kill(init, signal.SIGSTOP)
-        execution = ex.execute("import time\nprint('running', flush=True)\nwhile True:\n    time.sleep(0.1)\n")
+        execution = ex.execute("import threading\nprint('running', flush=True)\nthreading.Event().wait()\n")
         with anyio.fail_after(30), pytest.raises(KernelDied):
             async for event in execution:
                 if isinstance(event, CodeExecutionChunk):
@@ -294,7 +294,7 @@ async def test_cancelling_the_host_task_detaches_a_keyed_execution_and_cancel_st
     async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
         dirs = run_dirs(ex)
         await run(ex, "state = 'kept'")
-        code = "import time\nprint('spinning', flush=True)\nwhile True:\n    time.sleep(0.05)\n"
+        code = "import threading\nprint('spinning', flush=True)\nthreading.Event().wait()\n"
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
 
@@ -318,7 +318,10 @@ async def test_cancelling_the_last_task_awaiting_an_execution_without_a_key_stop
     cancelled (a timeout around ``await``), the code is interrupted; while another task still
     awaits it, it runs on."""
     marker = tmp_path / "finished"
-    code = f"import time\nprint('sleeping', flush=True)\ntime.sleep(30)\nopen({str(marker)!r}, 'w').write('x')\n"
+    code = (
+        "import threading\nprint('sleeping', flush=True)\nthreading.Event().wait()\n"
+        f"open({str(marker)!r}, 'w').write('x')\n"
+    )
     async with CodeExecutor(workspace=tmp_path, tools_dir=None) as ex:
         dirs = run_dirs(ex)
         await run(ex, "state = 'kept'")

@@ -40,15 +40,16 @@ async def executor(module_workspace: Path) -> AsyncGenerator[CodeExecutor]:
 def fork_bomb(ceiling: int) -> str:
     """Kernel code: a fork bomb from a small interpreter that stops at ``ceiling`` live processes.
 
-    A small interpreter forks far faster than the kernel itself; its children wait for good.
+    A small interpreter forks far faster than the kernel itself; its children wait for a signal
+    (the sandbox's end kills them).
     """
     bomb = (
-        "import os, time\n"
+        "import os, signal\n"
         "children, error = 0, None\n"
         f"while children < {ceiling}:\n"
         "    try:\n        pid = os.fork()\n"
         "    except OSError as e:\n        error = e.strerror; break\n"
-        "    if pid == 0:\n        os.closerange(0, 64); time.sleep(3600); os._exit(0)\n"
+        "    if pid == 0:\n        os.closerange(0, 64); signal.pause(); os._exit(0)\n"
         "    children += 1\n"
         "print(children, error)\n"
     )
