@@ -27,6 +27,7 @@ __all__ = (
     "hidden_paths",
     "kernel_env",
     "kernel_sandbox",
+    "kernel_writable",
     "link_tools_dir",
     "new_home",
     "resolve_tools_dir",
@@ -99,6 +100,13 @@ def kernel_sandbox(
     if tools is not None or skills is not None:
         extra.append(home / IMPORT_ROOT)
     return dataclasses.replace(sandbox, ro_paths=[*sandbox.ro_paths, *extra])
+
+
+def kernel_writable(workspace: Path, sandbox: SandboxConfig | None) -> list[Path]:
+    """Host directories kernel code can write to (where it could plant symlinks): the workspace and
+    the sandbox's writable paths."""
+    extra = [Path(p) for p in sandbox.rw_paths] if sandbox is not None else []
+    return [workspace, *extra]
 
 
 def new_home(tools: Path | None) -> Path:

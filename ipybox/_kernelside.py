@@ -29,7 +29,7 @@ from ._exceptions import KernelStartError, UsageError
 from ._gateway._config import GatewayKernel
 from ._gateway._executor import open_gateway_kernel
 from ._kernel import KernelHandle
-from ._kernelhome import link_tools_dir, new_home, resolve_tools_dir, restore_home
+from ._kernelhome import kernel_writable, link_tools_dir, new_home, resolve_tools_dir, restore_home
 from ._kernelspec import KernelSpec, start_kernel
 from ._pool import KernelPool, Lease
 from ._tooldir import tools_dir_path
@@ -126,8 +126,7 @@ class KernelSide:
 
     def kernel_writable(self) -> list[Path]:
         """Host directories kernel code can write to (where it could plant symlinks)."""
-        extra = [Path(p) for p in self._sandbox.rw_paths] if self._sandbox is not None else []
-        return [self.workspace, *extra]
+        return kernel_writable(self.workspace, self._sandbox)
 
     def spec(self) -> KernelSpec:
         """What a kernel started now would be started with."""

@@ -2,9 +2,10 @@
 
 Each pooled kernel is started with its own private directory (tool socket, network proxy socket,
 packages, import root) and its own tool token, exactly as an executor starts its kernel; the
-executor that takes it adopts both (`KernelSide._adopt`). A kernel is handed out once and never comes back: it has run
-someone's code. The kernel's process stays owned by the pool's task group (one task per kernel holds
-its `Kernel.start` context), and the executor holds a `Lease` on it until it is done with it.
+executor that takes it adopts both (`KernelSide._adopt`). A kernel is handed out once and never
+comes back: it has run someone's code. The kernel's process stays owned by the pool's task group
+(one task per kernel holds its `Kernel.start` context), and the executor holds a `Lease` on it until
+it is done with it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings
 from ._events import wait_any
 from ._exceptions import KernelStartError, UsageError
 from ._kernel import Kernel
-from ._kernelhome import check_bytecode, link_tools_dir, new_home, resolve_tools_dir
+from ._kernelhome import check_bytecode, kernel_writable, link_tools_dir, new_home, resolve_tools_dir
 from ._kernelspec import KernelSpec, start_kernel
 from ._tooldir import prepare_tools_dir
 from ._unixsocket import bind_socket
@@ -389,7 +390,8 @@ class KernelPool:
                     private = Path(tempfile.mkdtemp(prefix="ipybox-state-"))
                     dirs.append(private)
                     # Made before the kernel starts, so it is mounted (read-only) and the manifest hidden.
-                    tools = prepare_tools_dir(private / self._tools_given, kernel_writable=self._writable(workspace))
+                    writable = kernel_writable(workspace, self.sandbox)
+                    tools = prepare_tools_dir(private / self._tools_given, kernel_writable=writable)
                 spec = self._spec(workspace, tools)
             else:
                 spec = self._shared_spec()
@@ -417,20 +419,15 @@ class KernelPool:
     def _shared_spec(self) -> KernelSpec:
         tools = None
         if self._tools_given is not None:
-            tools = resolve_tools_dir(self._tools_given, kernel_writable=self._writable(self.workspace))
+            tools = resolve_tools_dir(self._tools_given, kernel_writable=kernel_writable(self.workspace, self.sandbox))
         return self._spec(self.workspace, tools)
-
-    def _writable(self, workspace: Path) -> list[Path]:
-        """Host directories the kernels can write to (as `KernelSide.kernel_writable`)."""
-        extra = [Path(p) for p in self.sandbox.rw_paths] if self.sandbox is not None else []
-        return [workspace, *extra]
 
     def _spec(self, workspace: Path, tools: Path | None) -> KernelSpec:
         skills = None
         if self._skills_given is not None:
             # Checked against every kernel's workspace: with separate workspaces, all of ``workspace``.
             skills = prepare_skills_dir(
-                self._skills_given, kernel_writable=self._writable(self.workspace), tools_dir=tools
+                self._skills_given, kernel_writable=kernel_writable(self.workspace, self.sandbox), tools_dir=tools
             )
         return KernelSpec.of(
             sandbox=self.sandbox,
