@@ -71,6 +71,12 @@ class _Usage:
     over: bool = False
     scopes: set[anyio.CancelScope] = field(default_factory=set[anyio.CancelScope])
 
+    def take(self, wanted: int, limit: float) -> int:
+        """Count up to ``wanted`` bytes against ``limit`` before they are sent; how many fit."""
+        granted = int(min(wanted, max(0, limit - self.bytes)))
+        self.bytes += granted
+        return granted
+
 
 class NetworkProxy:
     """Serves one executor's kernel: HTTP forward proxying within a `Network` policy.
@@ -268,18 +274,15 @@ class NetworkProxy:
         with anyio.fail_after(self.network.connect_timeout):
             upstream, address = await self._connect(target)
         self._emit("allowed", target, execution, address=str(address))
-        moved = 0
+        moved = [0]
         async with upstream:
             if target.connect:
                 await stream.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            else:
-                rest = target.head + rest
-            if rest:
-                await upstream.send(rest)
             try:
-                moved = await self._relay(stream, upstream, target, execution, usage)
+                # What came with the head is forwarded like any other bytes: counted first.
+                await self._relay(stream, upstream, target.head + rest, target, execution, usage, moved)
             finally:
-                self._emit("closed", target, execution, address=str(address), moved=moved)
+                self._emit("closed", target, execution, address=str(address), moved=moved[0])
 
     async def _decide(self, target: Target, execution: str) -> None:
         host, port = target.host, target.port
@@ -336,41 +339,47 @@ class NetworkProxy:
         self,
         client: anyio.abc.SocketStream,
         upstream: anyio.abc.SocketStream,
+        first: bytes,
         target: Target,
         execution: str,
         usage: _Usage,
-    ) -> int:
+        moved: list[int],
+    ) -> None:
+        """Move bytes both ways, starting with ``first`` (from the client); ``moved[0]`` counts them.
+
+        Every byte is counted against the execution's budget before it is sent: past it only the
+        part that fits goes out, and the execution's connections are closed.
+        """
         idle = self.network.idle_timeout
         limit = math.inf if self.network.max_bytes is None else self.network.max_bytes
-        moved = 0
         # Every chunk moves the deadline on: it expires only when both directions were quiet.
         with anyio.CancelScope(deadline=anyio.current_time() + idle) as quiet:
             async with anyio.create_task_group() as tg:
                 finished = 0
 
-                async def pump(src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream) -> None:
-                    nonlocal moved, finished
+                async def pump(src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream, data: bytes) -> None:
+                    nonlocal finished
                     with suppress(anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                         while True:
-                            data = await src.receive(_CHUNK)
-                            usage.bytes += len(data)
-                            moved += len(data)
-                            if usage.bytes > limit:
-                                self._over(usage, target, execution, moved)
+                            fits = usage.take(len(data), limit)
+                            if fits:
+                                moved[0] += fits
+                                await dst.send(data[:fits])
+                                quiet.deadline = anyio.current_time() + idle
+                            if fits < len(data):
+                                self._over(usage, target, execution, moved[0])
                                 return
-                            await dst.send(data)
-                            quiet.deadline = anyio.current_time() + idle
+                            data = await src.receive(_CHUNK)
                     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                         await dst.send_eof()
                     finished += 1
                     if finished == 2:
                         tg.cancel_scope.cancel()
 
-                tg.start_soon(pump, client, upstream)
-                tg.start_soon(pump, upstream, client)
+                tg.start_soon(pump, client, upstream, first)
+                tg.start_soon(pump, upstream, client, b"")
         if quiet.cancelled_caught:
-            self._emit("limit", target, execution, reason=f"idle for {idle:g} s (Network.idle_timeout)", moved=moved)
-        return moved
+            self._emit("limit", target, execution, reason=f"idle for {idle:g} s (Network.idle_timeout)", moved=moved[0])
 
     def _over(self, usage: _Usage, target: Target, execution: str, moved: int) -> None:
         if not usage.over:
