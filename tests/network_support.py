@@ -1,18 +1,22 @@
 """A small HTTP(S) server on 127.0.0.1 in a thread of the test process, for the network tests:
 it answers ``GET /big/N`` with N bytes and any other path with a line naming the path and Host;
-and a `Sink` that counts the bytes it is sent."""
+and a `Sink` that counts the bytes it is sent; and helpers to talk to a proxy and read its log."""
 
 from __future__ import annotations
 
 import http.server
+import logging
 import socket
 import ssl
 import threading
 from collections.abc import Generator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import cast
 
-__all__ = ("Sink", "WebServer", "serving")
+import anyio
+
+__all__ = ("Sink", "WebServer", "exchange", "proxy_log", "serving")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -108,3 +112,35 @@ class Sink:
 
     def close(self) -> None:
         self._listener.close()
+
+
+@contextmanager
+def proxy_log() -> Generator[list[logging.LogRecord]]:
+    """The records the network proxy logs (logger ``ipybox.network``) while in the block."""
+    records: list[logging.LogRecord] = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Recorder()
+    log = logging.getLogger("ipybox.network")
+    log.addHandler(handler)
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+
+
+async def exchange(path: Path, data: bytes) -> bytes:
+    """Send ``data`` into the proxy socket at ``path``; everything that comes back."""
+    async with await anyio.connect_unix(path) as stream:
+        await stream.send(data)
+        received = b""
+        with anyio.fail_after(30):
+            try:
+                while True:
+                    received += await stream.receive()
+            # A reply to a request the proxy did not read to its end may be cut off by a reset.
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return received

@@ -81,6 +81,8 @@ def normalize_host(host: str) -> str:
 
 def parse_ip(host: str) -> IPAddress | None:
     """The address if ``host`` is an IP literal (no zone ids: those name a host interface)."""
+    if "%" in host:
+        return None
     try:
         return ipaddress.ip_address(host)
     except ValueError:

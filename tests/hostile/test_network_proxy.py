@@ -7,14 +7,19 @@ the test process; names lead there through ``Network.hosts``.
 
 from __future__ import annotations
 
+import logging
+import random
 import textwrap
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
-from network_support import Sink
+from network_support import Sink, exchange, proxy_log, serving
 
 from ipybox import CodeExecutor, Network, NetworkEvent
+from ipybox._approval import ApprovalDecision
+from ipybox.network._proxy import NetworkProxy
 
 pytestmark = pytest.mark.anyio
 
@@ -78,3 +83,108 @@ async def test_bytes_sent_along_with_the_request_head_count_against_max_bytes(tm
     refused = "HTTP/1.1 403 ipybox: this code action moved more than 100000 bytes"
     assert len(statuses) == 40 and all(s.startswith(refused) or s == "closed" for s in statuses[len(connected) :])
     assert len(connected) == 2
+
+
+_TOKEN = "t" * 32
+
+
+@pytest.fixture
+def web_port() -> Iterator[int]:
+    with serving() as server:
+        yield server.port
+
+
+@pytest.fixture
+async def proxy(tmp_path: Path, web_port: int) -> AsyncGenerator[NetworkProxy]:
+    """A proxy for a running code action that lists a name no test sends and the web server's
+    address, and asks nothing."""
+
+    async def never(host: str, port: int, execution_id: str) -> ApprovalDecision:
+        raise AssertionError("nothing here may be asked")
+
+    network = Network(allow=["listed.test", f"127.0.0.1:{web_port}"], connect_timeout=5)
+    proxy = NetworkProxy(network, socket_path=tmp_path / "p.sock", token=_TOKEN, running=lambda: "e1", ask=never)
+    async with anyio.create_task_group() as tg:
+        await tg.start(proxy.run)
+        yield proxy
+        tg.cancel_scope.cancel()
+
+
+# Hosts in brackets that are not an IPv6 address, or with something other than ':PORT' after them,
+# unbracketed IPv6, zone ids, ports out of range, and heads h11 refuses: in CONNECT targets and in
+# absolute URLs.
+_MALFORMED_AUTHORITIES = [
+    "[::1",
+    "[zzz]:80",
+    "[]:80",
+    "[]",
+    "[::1]x:80",
+    "[::1]x",
+    "[::1]:x",
+    "[::1]:",
+    "[::1]:80:80",
+    "[[::1]]:80",
+    "[::1]]:80",
+    "[127.0.0.1]:80",
+    "[v1.x]:80",
+    "[fe80::1%25eth0]:80",
+    "::1:80",
+    "a]b:80",
+    "a[b]:80",
+    ":80",
+    "example.org:65536",
+    "example.org:0",
+    "example.org:-1",
+    "example.org:+80",
+    "%31%32%37.0.0.1:80",
+    "a..b:80",
+    "-a.test:80",
+]
+_MALFORMED_HEADS = [
+    *(f"CONNECT {authority} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for authority in _MALFORMED_AUTHORITIES),
+    *(f"GET http://{authority}/p HTTP/1.1\r\nHost: x\r\n\r\n".encode() for authority in _MALFORMED_AUTHORITIES),
+    b"CONNECT example.org HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET http://b\xc3\xbccher.de/ HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET http:///p HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET http://user@/p HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET http:/listed.test/ HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET ftp://listed.test/ HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /p HTTP/1.1\r\nHost: [::1\r\n\r\n",
+    b"GET http://listed.test/ HTTP/1.1\r\nHost: listed.test\r\nHost: [::1]\r\n\r\n",
+    b"POST http://listed.test/ HTTP/1.1\r\nHost: listed.test\r\nContent-Length: 3\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n",
+]
+
+
+async def test_malformed_hosts_in_connect_targets_urls_and_host_fields_get_a_400_never_a_traceback(
+    proxy: NetworkProxy,
+) -> None:
+    # Then a fuzz of authorities built from the characters that matter to parsing them: each must be
+    # a 400, or a valid destination that is not listed (403), never an error of the proxy.
+    alphabet = "[]:%@.-/?#0123456789abcdef"
+    fuzz = random.Random(25)
+    authorities = ["".join(fuzz.choices(alphabet, k=fuzz.randint(0, 12))) for _ in range(300)]
+    fuzzed = [
+        f"{method} {prefix}{a} HTTP/1.1\r\nHost: {a}\r\n\r\n".encode()
+        for a in authorities
+        for method, prefix in [("CONNECT", ""), ("GET", "http://")]
+    ]
+    first = f"{_TOKEN}\n".encode()
+    with proxy_log() as records:
+        malformed = [await exchange(proxy.socket_path, first + head) for head in _MALFORMED_HEADS]
+        others = [await exchange(proxy.socket_path, first + head) for head in fuzzed]
+    for head, reply in zip(_MALFORMED_HEADS, malformed, strict=True):
+        assert reply.startswith(b"HTTP/1.1 400 ipybox: "), (head, reply[:200])
+    for head, reply in zip(fuzzed, others, strict=True):
+        assert reply[:13] in (b"HTTP/1.1 400 ", b"HTTP/1.1 403 "), (head, reply[:200])
+        assert b"allowlist" in reply or not reply.startswith(b"HTTP/1.1 403"), (head, reply[:200])
+    assert [r.getMessage() for r in records if r.exc_info or r.levelno >= logging.ERROR] == []
+
+
+async def test_a_request_goes_where_its_url_says_and_its_host_field_is_that_url_s_host(
+    proxy: NetworkProxy, web_port: int
+) -> None:
+    first = f"{_TOKEN}\n".encode()
+    head = f"GET http://127.0.0.1:{web_port}/x HTTP/1.1\r\nHost: metadata.internal\r\n\r\n"
+    reply = await exchange(proxy.socket_path, first + head.encode())
+    assert reply.endswith(f"hello /x for 127.0.0.1:{web_port}".encode())
