@@ -11,7 +11,7 @@ proxy
    stays end-to-end, nothing is intercepted) or an absolute-form ``GET http://host/...``,
 3. decides: listed in `Network.allow`, allowed for the executor by an earlier answer, or else
    denied or asked (a `NetworkRequest` through the executor's approval machinery),
-4. resolves the name on the host and checks every address (`address_problem`), then connects to
+4. resolves the name on the host and checks every address (`Network.refusal`), then connects to
    a checked address itself, so a second resolution can never lead elsewhere (no DNS rebinding),
 5. relays bytes both ways, within the byte budget of the execution and the idle timeout, and
    closes the connection when its execution ends.
@@ -42,7 +42,7 @@ from ipybox._exceptions import UsageError
 from ipybox._unixsocket import accept_one, bind_socket, remove_socket
 
 from ._http import Refused, Target, error_reply, read_head
-from ._policy import IPAddress, Network, NetworkEvent, address_problem, parse_ip
+from ._policy import IPAddress, Network, NetworkEvent, parse_ip
 
 __all__ = ("Asker", "NetworkProxy")
 
@@ -319,8 +319,8 @@ class NetworkProxy:
         for address in addresses:
             if address is None:
                 continue
-            problem = address_problem(address)
-            if problem is not None and not self.network.unlocks(address, port):
+            problem = self.network.refusal(address, port)
+            if problem is not None:
                 refused.append(problem)
                 continue
             try:
@@ -328,11 +328,7 @@ class NetworkProxy:
             except OSError as exc:
                 failed.append(f"connecting to {address} failed ({exc.strerror or exc})")
         if refused and not failed:
-            raise Refused(
-                403,
-                f"{host} leads only to non-public addresses ({'; '.join(refused)}); only an address "
-                "entry in Network.allow lets connections reach them",
-            )
+            raise Refused(403, f"{host} leads only to non-public addresses ({'; '.join(refused)})")
         raise Refused(502, f"cannot connect to {host}:{port}: {'; '.join(failed + refused) or 'no address'}")
 
     async def _relay(

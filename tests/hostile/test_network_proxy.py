@@ -7,6 +7,7 @@ the test process; names lead there through ``Network.hosts``.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import random
 import textwrap
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-from network_support import Sink, exchange, proxy_log, serving
+from network_support import Sink, WebServer, exchange, proxy_log, serving
 
-from ipybox import CodeExecutor, Network, NetworkEvent
+from ipybox import CodeExecutor, Network, NetworkEvent, UsageError
 from ipybox._approval import ApprovalDecision
 from ipybox.network._proxy import NetworkProxy
 
@@ -188,3 +189,72 @@ async def test_a_request_goes_where_its_url_says_and_its_host_field_is_that_url_
     head = f"GET http://127.0.0.1:{web_port}/x HTTP/1.1\r\nHost: metadata.internal\r\n\r\n"
     reply = await exchange(proxy.socket_path, first + head.encode())
     assert reply.endswith(f"hello /x for 127.0.0.1:{web_port}".encode())
+
+
+@pytest.fixture
+def internal() -> Iterator[WebServer]:
+    """A service on the host's loopback."""
+    with serving() as server:
+        yield server
+
+
+# Asks the proxy for the service on the host's loopback by address literals in several forms.
+_LOOPBACK = """
+import os, http.client
+proxy = os.environ["HTTP_PROXY"].removeprefix("http://")
+for host in ("127.0.0.1", "127.1.2.3", "[::ffff:127.0.0.1]", "[::1]", "0.0.0.0", "[::]"):
+    connection = http.client.HTTPConnection(proxy, timeout=60)
+    connection.request("GET", f"http://{{host}}:{port}/secret")
+    response = connection.getresponse()
+    print(response.status, response.read().decode() if response.status == 200 else response.reason)
+"""
+
+
+async def test_a_network_entry_wide_enough_to_hold_the_host_reaches_it_only_when_the_application_says_so(
+    tmp_path: Path, internal: WebServer
+) -> None:
+    code = textwrap.dedent(_LOOPBACK.format(port=internal.port))
+    wide = ["0.0.0.0/0:*", "[::/0]:*"]
+    async with CodeExecutor(workspace=tmp_path, network=Network(allow=wide)) as executor:
+        lines = (await executor.execute(code)).text.splitlines()
+    assert len(lines) == 6
+    for line in lines:
+        assert line.startswith("403 ipybox: ") and "Network(networks_reach_host=True)" in line, line
+    assert internal.paths == []
+    async with CodeExecutor(workspace=tmp_path, network=Network(allow=wide, networks_reach_host=True)) as executor:
+        lines = (await executor.execute(code)).text.splitlines()
+    assert lines[0] == f"200 hello /secret for 127.0.0.1:{internal.port}"
+    assert internal.paths and set(internal.paths) == {"/secret"}
+
+
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("169.254.169.254", "link-local"),
+        ("fe80::1", "link-local"),
+        ("fd00:ec2::254", "cloud metadata"),
+        ("100.100.100.200", "cloud metadata"),
+        ("168.63.129.16", "cloud metadata"),
+        ("0.1.2.3", "0.0.0.0/8"),
+        ("::ffff:169.254.169.254", "(IPv4 169.254.169.254) is a link-local"),
+        ("2002:7f00:1::", "(IPv4 127.0.0.1) is a loopback"),
+    ],
+)
+def test_network_entries_do_not_reach_loopback_link_local_or_metadata_but_single_address_entries_do(
+    address: str, why: str
+) -> None:
+    ip = ipaddress.ip_address(address)
+    wide = Network(allow=["0.0.0.0/0:*", "[::/0]:*", "169.254.0.0/16", "100.64.0.0/10", "[fd00::/8]"])
+    refusal = wide.refusal(ip, 80)
+    assert refusal is not None and why in refusal and "networks_reach_host=True" in refusal
+    assert Network(allow=["0.0.0.0/0:*", "[::/0]:*"], networks_reach_host=True).refusal(ip, 80) is None
+    assert Network(allow=[f"[{address}]" if ip.version == 6 else address]).refusal(ip, 80) is None
+    # Private networks are what network entries are for.
+    assert wide.refusal(ipaddress.ip_address("10.1.2.3"), 80) is None
+
+
+@pytest.mark.parametrize("entry", ["0.0.0.0", "0.0.0.0:*", "[::]", "[::]:80"])
+def test_the_unspecified_address_is_no_allow_entry(entry: str) -> None:
+    with pytest.raises(UsageError, match="the unspecified address, and connecting to it reaches this host"):
+        Network(allow=[entry])
