@@ -43,6 +43,7 @@ from ipybox._unixsocket import accept_one, bind_socket, remove_socket
 
 from ._http import Refused, Target, error_reply, read_head
 from ._policy import IPAddress, Network, NetworkEvent, parse_ip
+from ._quota import LogQuota
 
 __all__ = ("Asker", "NetworkProxy")
 
@@ -108,6 +109,7 @@ class NetworkProxy:
         self._running = running
         self._ask = ask
         self._usage: dict[str, _Usage] = {}
+        self._quota = LogQuota(logger)
         self._remembered: set[tuple[str, int]] = set()
         self._open = 0
         self._tg: anyio.abc.TaskGroup | None = None
@@ -128,6 +130,7 @@ class NetworkProxy:
                 self._listen(listener, os.stat(self._socket_path).st_ino)
                 task_status.started()
         finally:
+            self._quota.flush()
             self._tg = None
             self._listeners.clear()
             listener.close()  # if it never got to serve; closing twice is harmless
@@ -190,6 +193,7 @@ class NetworkProxy:
         if usage is not None:
             for scope in usage.scopes:
                 scope.cancel()
+        self._quota.flush()
 
     async def _accept(self, listener: socket.socket) -> None:
         assert self._tg is not None
@@ -238,7 +242,8 @@ class NetworkProxy:
                     if target is not None:
                         self._emit(refused.kind, target, execution, reason=refused.reason)
                     else:
-                        logger.warning("network connection refused before its request: %s", refused.reason)
+                        if self._quota.allow():
+                            logger.warning("network connection refused before its request: %s", refused.reason)
                     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                         await stream.send(error_reply(refused.status, refused.reason))
                 except TimeoutError:
@@ -250,7 +255,8 @@ class NetworkProxy:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError):
             pass  # the kernel hung up; nothing to tell it
         except Exception:  # a task of the proxy's group: one connection's fault must not end the proxy
-            logger.exception("serving a network connection from the kernel failed; it was closed")
+            if self._quota.allow():
+                logger.exception("serving a network connection from the kernel failed; it was closed")
         finally:
             self._open -= 1
 
@@ -409,18 +415,21 @@ class NetworkProxy:
             reason=reason,
             bytes=moved,
         )
-        logger.log(
-            _LEVELS.get(kind, logging.WARNING),
-            "network %s %s:%s%s",
-            kind,
-            target.host,
-            target.port,
-            f" ({reason})" if reason else "",
-            extra={"network_event": asdict(event)},
-        )
+        level = _LEVELS.get(kind, logging.WARNING)
+        if level < logging.WARNING or self._quota.allow():
+            logger.log(
+                level,
+                "network %s %s:%s%s",
+                kind,
+                target.host,
+                target.port,
+                f" ({reason})" if reason else "",
+                extra={"network_event": asdict(event)},
+            )
         callback: Callable[[NetworkEvent], object] | None = self.network.on_event
         if callback is not None:
             try:
                 callback(event)
             except Exception:  # the application's callback: logged, and the decision stands
-                logger.exception("Network.on_event failed")
+                if self._quota.allow():
+                    logger.exception("Network.on_event failed")

@@ -11,6 +11,7 @@ import ipaddress
 import logging
 import random
 import textwrap
+import time
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from network_support import Sink, WebServer, exchange, proxy_log, serving
 from ipybox import CodeExecutor, Network, NetworkEvent, UsageError
 from ipybox._approval import ApprovalDecision
 from ipybox.network._proxy import NetworkProxy
+from ipybox.network._quota import BURST, INTERVAL
 
 pytestmark = pytest.mark.anyio
 
@@ -258,3 +260,43 @@ def test_network_entries_do_not_reach_loopback_link_local_or_metadata_but_single
 def test_the_unspecified_address_is_no_allow_entry(entry: str) -> None:
     with pytest.raises(UsageError, match="the unspecified address, and connecting to it reaches this host"):
         Network(allow=[entry])
+
+
+# Refused connections as fast as the proxy answers them: half with a wrong token, half to an
+# unlisted destination.
+_REFUSED = """
+import os, socket
+token = os.environ["IPYBOX_TOOL_TOKEN"].encode()
+statuses = set()
+for i in range({count}):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(60)
+    s.connect(os.environ["IPYBOX_NET_SOCKET"])
+    s.sendall((token if i % 2 else b"wrong") + b"\\nCONNECT unlisted.test:443 HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+    statuses.add(s.recv(12))
+    s.close()
+print(sorted(statuses))
+"""
+
+
+async def test_thousands_of_refused_connections_leave_a_bounded_log_that_counts_what_it_left_out(
+    tmp_path: Path,
+) -> None:
+    events: list[NetworkEvent] = []
+    network = Network(allow=["listed.test"], on_event=events.append)
+    count = 2000
+    with proxy_log() as records:
+        started = time.monotonic()
+        async with CodeExecutor(workspace=tmp_path, network=network) as executor:
+            result = await executor.execute(textwrap.dedent(_REFUSED.format(count=count)))
+        elapsed = time.monotonic() - started
+    assert result.text.strip() == "[b'HTTP/1.1 403']"
+    warnings = [r for r in records if r.levelno >= logging.WARNING]
+    summaries = [r for r in warnings if "network_suppressed" in r.__dict__]
+    logged = len(warnings) - len(summaries)
+    windows = int(elapsed // INTERVAL) + 1
+    assert logged <= BURST * windows and len(summaries) <= windows + 1
+    # Nothing is lost: what was not logged is counted, and the application's callback saw it all.
+    assert logged + sum(r.__dict__["network_suppressed"] for r in summaries) == count
+    assert "were not logged" in summaries[-1].getMessage()
+    assert len([e for e in events if e.kind == "denied"]) == count // 2
