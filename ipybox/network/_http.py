@@ -62,7 +62,7 @@ async def read_head(stream: anyio.abc.SocketStream, buffered: bytes) -> tuple[Ta
         except h11.RemoteProtocolError as exc:
             if exc.error_status_hint == 431:
                 raise Refused(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes") from None
-            raise Refused(400, f"not an HTTP/1.1 proxy request ({exc})") from None
+            raise Refused(400, f"not an HTTP/1.1 proxy request ({_printable(str(exc))})") from None
         if isinstance(event, h11.Request):
             break
         if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):

@@ -421,7 +421,7 @@ class NetworkProxy:
                 level,
                 "network %s %s:%s%s",
                 kind,
-                target.host,
+                f"[{target.host}]" if ":" in target.host else target.host,
                 target.port,
                 f" ({reason})" if reason else "",
                 extra={"network_event": asdict(event)},

@@ -144,6 +144,9 @@ _MALFORMED_AUTHORITIES = [
     "-a.test:80",
 ]
 _MALFORMED_HEADS = [
+    # A request line of 12 KB of terminal escapes, for the host's log (first: later warnings are
+    # rate-limited).
+    b"GET http://listed.test/" + b"\x1b[2J\x07" * 2000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     *(f"CONNECT {authority} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for authority in _MALFORMED_AUTHORITIES),
     *(f"GET http://{authority}/p HTTP/1.1\r\nHost: x\r\n\r\n".encode() for authority in _MALFORMED_AUTHORITIES),
     b"CONNECT example.org HTTP/1.1\r\nHost: x\r\n\r\n",
@@ -182,6 +185,8 @@ async def test_malformed_hosts_in_connect_targets_urls_and_host_fields_get_a_400
         assert reply[:13] in (b"HTTP/1.1 400 ", b"HTTP/1.1 403 "), (head, reply[:200])
         assert b"allowlist" in reply or not reply.startswith(b"HTTP/1.1 403"), (head, reply[:200])
     assert [r.getMessage() for r in records if r.exc_info or r.levelno >= logging.ERROR] == []
+    # What kernel code wrote reaches the log short, on one line, without control characters.
+    assert all(len(r.getMessage()) < 1000 and r.getMessage().isprintable() for r in records)
 
 
 async def test_a_request_goes_where_its_url_says_and_its_host_field_is_that_url_s_host(
