@@ -7,6 +7,7 @@ the test process; names lead there through ``Network.hosts``.
 
 from __future__ import annotations
 
+import ast
 import ipaddress
 import logging
 import random
@@ -305,3 +306,49 @@ async def test_thousands_of_refused_connections_leave_a_bounded_log_that_counts_
     assert logged + sum(r.__dict__["network_suppressed"] for r in summaries) == count
     assert "were not logged" in summaries[-1].getMessage()
     assert len([e for e in events if e.kind == "denied"]) == count // 2
+
+
+# Opens 300 connections into the proxy socket at once, each with the token and a request head that
+# never ends, and holds them; then reads what each got, and makes one ordinary request.
+_FLOOD = """
+import os, socket, urllib.request
+token = os.environ["IPYBOX_TOOL_TOKEN"].encode()
+held = []
+for _ in range(300):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["IPYBOX_NET_SOCKET"])  # blocking: waits while the listen backlog is full
+    s.settimeout(120)
+    s.sendall(token + b"\\nCONNECT web.test:{port} HTTP/1.1\\r\\nX-Slow: ")
+    held.append(s)
+replies = {{}}
+for s in held:
+    try:
+        status = s.recv(12).decode() or "closed"
+    except ConnectionResetError:
+        status = "closed"
+    replies[status] = replies.get(status, 0) + 1
+    s.close()
+print(sorted(replies.items()))
+print(urllib.request.urlopen("http://web.test:{port}/after").read().decode())
+"""
+
+
+async def test_a_flood_of_unfinished_request_heads_holds_a_bounded_number_of_slots_and_then_the_proxy_serves(
+    tmp_path: Path, web_port: int
+) -> None:
+    network = Network(
+        allow=[f"web.test:{web_port}", f"127.0.0.1:{web_port}"],
+        hosts={"web.test": "127.0.0.1"},
+        max_connections=8,
+        connect_timeout=3,
+    )
+    async with CodeExecutor(workspace=tmp_path, network=network) as executor:
+        result = await executor.execute(textwrap.dedent(_FLOOD.format(port=web_port)))
+    replies, after = result.text.splitlines()
+    counts = dict(ast.literal_eval(replies))
+    # Each held connection is a task of the proxy until its head times out: at most
+    # max_connections + 32 of them; the rest are closed unanswered at once.
+    assert counts.get("HTTP/1.1 504", 0) <= 8 + 32
+    assert counts["closed"] >= 300 - (8 + 32)
+    assert sum(counts.values()) == 300
+    assert after == f"hello /after for web.test:{web_port}"
