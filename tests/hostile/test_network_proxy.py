@@ -352,3 +352,32 @@ async def test_a_flood_of_unfinished_request_heads_holds_a_bounded_number_of_slo
     assert counts["closed"] >= 300 - (8 + 32)
     assert sum(counts.values()) == 300
     assert after == f"hello /after for web.test:{web_port}"
+
+
+async def test_a_host_name_outside_ascii_is_refused_before_anyone_is_asked_and_idna_names_are_shown_as_sent(
+    tmp_path: Path,
+) -> None:
+    asked: list[tuple[str, int]] = []
+
+    async def ask(host: str, port: int, execution_id: str) -> ApprovalDecision:
+        asked.append((host, port))
+        return ApprovalDecision(approved=False, reason="no")
+
+    network = Network(unlisted="ask")
+    proxy = NetworkProxy(network, socket_path=tmp_path / "p.sock", token=_TOKEN, running=lambda: "e1", ask=ask)
+    first = f"{_TOKEN}\n".encode()
+    # "pypi.org" with a Cyrillic "р" and "о", in UTF-8, as a CONNECT target and in a URL; then in
+    # its IDNA form, which is what a person is shown.
+    lookalike = "руpi.оrg".encode()
+    heads = [
+        b"CONNECT " + lookalike + b":443 HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET http://" + lookalike + b"/ HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"CONNECT xn--pi-lmcb.xn--rg-qmc:443 HTTP/1.1\r\nHost: x\r\n\r\n",
+    ]
+    replies: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(proxy.run)
+        replies += [await exchange(proxy.socket_path, first + head) for head in heads]
+        tg.cancel_scope.cancel()
+    assert [reply[:13] for reply in replies] == [b"HTTP/1.1 400 ", b"HTTP/1.1 400 ", b"HTTP/1.1 403 "]
+    assert asked == [("xn--pi-lmcb.xn--rg-qmc", 443)]
