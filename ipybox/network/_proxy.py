@@ -241,9 +241,8 @@ class NetworkProxy:
                 except Refused as refused:
                     if target is not None:
                         self._emit(refused.kind, target, execution, reason=refused.reason)
-                    else:
-                        if self._quota.allow():
-                            logger.warning("network connection refused before its request: %s", refused.reason)
+                    elif self._quota.allow():
+                        logger.warning("network connection refused before its request: %s", refused.reason)
                     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                         await stream.send(error_reply(refused.status, refused.reason))
                 except TimeoutError:
