@@ -295,11 +295,12 @@ async def _answer_each(
 async def test_an_unlisted_destination_with_ask_becomes_an_approval_event_and_both_answers_work(
     asking: CodeExecutor, web: WebServer
 ) -> None:
-    code = _FETCH.format(names=["web.test", "web.test"], port=web.port)
+    # Two destinations: a rejected one is not asked again in the same code action.
+    code = _FETCH.format(names=["web.test", "other.test"], port=web.port)
     asked, text = await _answer_each(asking, code, ["reject", "accept"])
     assert text.splitlines() == [
         f"403 ipybox: the application rejected the connection to web.test:{web.port}: not today",
-        f"hello /asked for web.test:{web.port}",
+        f"hello /asked for other.test:{web.port}",
     ]
     first = asked[0]
     assert (first.host, first.port, first.server_name, first.tool_name) == ("web.test", web.port, "ipybox", "connect")

@@ -71,6 +71,8 @@ class _Usage:
     bytes: int = 0
     over: bool = False
     scopes: set[anyio.CancelScope] = field(default_factory=set[anyio.CancelScope])
+    rejected: dict[tuple[str, int], str] = field(default_factory=dict[tuple[str, int], str])
+    """Destinations the application rejected during the execution, and its reason."""
 
     def take(self, wanted: int, limit: float) -> int:
         """Count up to ``wanted`` bytes against ``limit`` before they are sent; how many fit."""
@@ -275,7 +277,7 @@ class NetworkProxy:
     ) -> None:
         # Not under the connect timeout: an asked destination waits for a person, as long as the
         # executor's approval timeout allows.
-        await self._decide(target, execution)
+        await self._decide(target, execution, usage)
         with anyio.fail_after(self.network.connect_timeout):
             upstream, address = await self._connect(target)
         self._emit("allowed", target, execution, address=str(address))
@@ -289,7 +291,7 @@ class NetworkProxy:
             finally:
                 self._emit("closed", target, execution, address=str(address), moved=moved[0])
 
-    async def _decide(self, target: Target, execution: str) -> None:
+    async def _decide(self, target: Target, execution: str, usage: _Usage) -> None:
         host, port = target.host, target.port
         if self.network.listed(host, port) or (host, port) in self._remembered:
             return
@@ -299,11 +301,20 @@ class NetworkProxy:
                 f"{host}:{port} is not in this executor's network allowlist (Network.allow); the "
                 "application must list it",
             )
+        if (host, port) in usage.rejected:
+            # Code that retries a rejected destination in a loop (or a client's own retries) would
+            # otherwise put the same question to a person again and again.
+            raise Refused(
+                403,
+                f"the application rejected the connection to {host}:{port} earlier in this code action"
+                f"{usage.rejected[host, port]}; it is asked again in the next code action",
+            )
         self._emit("asked", target, execution)
         decision = await self._ask(host, port, execution)
         self._emit("answered", target, execution, reason=decision.reason or ("approved" if decision.approved else None))
         if not decision.approved:
             why = f": {decision.reason}" if decision.reason else ""
+            usage.rejected[host, port] = why
             raise Refused(403, f"the application rejected the connection to {host}:{port}{why}")
         if decision.remember:
             self._remembered.add((host, port))

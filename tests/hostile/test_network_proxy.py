@@ -20,7 +20,7 @@ import anyio
 import pytest
 from network_support import Sink, WebServer, exchange, proxy_log, serving
 
-from ipybox import CodeExecutor, Network, NetworkEvent, UsageError
+from ipybox import ApprovalRequest, CodeExecutor, Network, NetworkEvent, UsageError
 from ipybox._approval import ApprovalDecision
 from ipybox.network._proxy import NetworkProxy
 from ipybox.network._quota import BURST, INTERVAL
@@ -381,3 +381,32 @@ async def test_a_host_name_outside_ascii_is_refused_before_anyone_is_asked_and_i
         tg.cancel_scope.cancel()
     assert [reply[:13] for reply in replies] == [b"HTTP/1.1 400 ", b"HTTP/1.1 400 ", b"HTTP/1.1 403 "]
     assert asked == [("xn--pi-lmcb.xn--rg-qmc", 443)]
+
+
+_RETRIES = """
+import urllib.request, urllib.error
+for _ in range(30):
+    try:
+        urllib.request.urlopen("http://rejected.test/", timeout=60)
+    except urllib.error.HTTPError as e:
+        last = e.reason
+print(last)
+"""
+
+
+async def test_a_destination_rejected_once_is_not_asked_again_in_the_same_code_action(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    def reject(request: ApprovalRequest) -> ApprovalDecision:
+        asked.append(str(request))
+        return ApprovalDecision(approved=False, reason="not that one")
+
+    network = Network(unlisted="ask")
+    async with CodeExecutor(workspace=tmp_path, network=network, approval=reject) as executor:
+        first = await executor.execute(_RETRIES)
+        second = await executor.execute(_RETRIES)
+    # 30 connections a code action, one question each time.
+    assert asked == ["network connection to rejected.test:80"] * 2
+    assert first.text == second.text
+    assert first.text.startswith("ipybox: the application rejected the connection to rejected.test:80 earlier in")
+    assert "not that one; it is asked again in the next code action" in first.text
