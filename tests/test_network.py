@@ -7,13 +7,11 @@ through ``Network.hosts``, so no test resolves or reaches anything outside this 
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import ssl
 import sys
 import textwrap
-from collections.abc import AsyncGenerator, Generator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,7 +20,7 @@ import pytest
 import trustme
 from mcp import Client, StdioServerParameters, types
 from mcp.client.context import ClientRequestContext
-from network_support import WebServer, serving
+from network_support import WebServer, exchange, proxy_log, serving
 
 from ipybox import (
     ApprovalRules,
@@ -297,11 +295,12 @@ async def _answer_each(
 async def test_an_unlisted_destination_with_ask_becomes_an_approval_event_and_both_answers_work(
     asking: CodeExecutor, web: WebServer
 ) -> None:
-    code = _FETCH.format(names=["web.test", "web.test"], port=web.port)
+    # Two destinations: a rejected one is not asked again in the same code action.
+    code = _FETCH.format(names=["web.test", "other.test"], port=web.port)
     asked, text = await _answer_each(asking, code, ["reject", "accept"])
     assert text.splitlines() == [
         f"403 ipybox: the application rejected the connection to web.test:{web.port}: not today",
-        f"hello /asked for web.test:{web.port}",
+        f"hello /asked for other.test:{web.port}",
     ]
     first = asked[0]
     assert (first.host, first.port, first.server_name, first.tool_name) == ("web.test", web.port, "ipybox", "connect")
@@ -550,36 +549,6 @@ def test_a_public_address_has_no_problem() -> None:
     assert address_problem(ipaddress.ip_address("2606:4700::1111")) is None
 
 
-@contextmanager
-def _proxy_events() -> Generator[list[logging.LogRecord]]:
-    records: list[logging.LogRecord] = []
-
-    class Recorder(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    handler = Recorder()
-    log = logging.getLogger("ipybox.network")
-    log.addHandler(handler)
-    try:
-        yield records
-    finally:
-        log.removeHandler(handler)
-
-
-async def _exchange(path: Path, data: bytes) -> bytes:
-    async with await anyio.connect_unix(path) as stream:
-        await stream.send(data)
-        received = b""
-        with anyio.fail_after(30):
-            try:
-                while True:
-                    received += await stream.receive()
-            # A reply to a request the proxy did not read to its end may be cut off by a reset.
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
-                return received
-
-
 async def test_the_proxy_refuses_strays_bad_tokens_and_malformed_oversized_or_unfinished_requests(
     tmp_path: Path,
 ) -> None:
@@ -594,20 +563,20 @@ async def test_the_proxy_refuses_strays_bad_tokens_and_malformed_oversized_or_un
     first = f"{token}\n".encode()
     connect = b"CONNECT example.org:443 HTTP/1.1\r\nHost: example.org\r\n\r\n"
     replies: dict[str, bytes] = {}
-    with _proxy_events() as records:
+    with proxy_log() as records:
         async with anyio.create_task_group() as tg:
             await tg.start(proxy.run)
-            replies["stray"] = await _exchange(proxy.socket_path, first + connect)
+            replies["stray"] = await exchange(proxy.socket_path, first + connect)
             running[0] = "e1"
-            replies["wrong"] = await _exchange(proxy.socket_path, b"x" * 32 + b"\n" + connect)
-            replies["garbage"] = await _exchange(proxy.socket_path, first + b"\x16\x03\x01 hello\r\n\r\n")
-            replies["origin"] = await _exchange(
+            replies["wrong"] = await exchange(proxy.socket_path, b"x" * 32 + b"\n" + connect)
+            replies["garbage"] = await exchange(proxy.socket_path, first + b"\x16\x03\x01 hello\r\n\r\n")
+            replies["origin"] = await exchange(
                 proxy.socket_path, first + b"GET / HTTP/1.1\r\nHost: example.org\r\n\r\n"
             )
-            replies["huge"] = await _exchange(
+            replies["huge"] = await exchange(
                 proxy.socket_path, first + b"GET http://example.org/ HTTP/1.1\r\nX: " + b"a" * 70_000
             )
-            replies["silent"] = await _exchange(proxy.socket_path, first + b"CONNECT example.org:443 HTTP/1.1\r\n")
+            replies["silent"] = await exchange(proxy.socket_path, first + b"CONNECT example.org:443 HTTP/1.1\r\n")
             tg.cancel_scope.cancel()
     assert replies["silent"].startswith(b"HTTP/1.1 504 ipybox: no answer within 0.5 s (Network.connect_timeout)")
     assert replies["stray"].startswith(b"HTTP/1.1 403 ipybox: no code action of this executor is running")

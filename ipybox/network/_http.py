@@ -9,7 +9,6 @@ says why (clients show it for a failed CONNECT).
 
 from __future__ import annotations
 
-import urllib.parse
 from dataclasses import dataclass
 
 import anyio
@@ -63,7 +62,7 @@ async def read_head(stream: anyio.abc.SocketStream, buffered: bytes) -> tuple[Ta
         except h11.RemoteProtocolError as exc:
             if exc.error_status_hint == 431:
                 raise Refused(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes") from None
-            raise Refused(400, f"not an HTTP/1.1 proxy request ({exc})") from None
+            raise Refused(400, f"not an HTTP/1.1 proxy request ({_printable(str(exc))})") from None
         if isinstance(event, h11.Request):
             break
         if event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
@@ -77,36 +76,57 @@ async def read_head(stream: anyio.abc.SocketStream, buffered: bytes) -> tuple[Ta
 def _target(request: h11.Request) -> Target:
     raw = request.target.decode("ascii", "replace")
     if request.method == b"CONNECT":
-        host, sep, port = raw.rpartition(":")
-        if not sep:
+        host, port = _authority(raw)
+        if port is None:
             raise Refused(400, "CONNECT needs host:port")
-        return Target(_host(host), _port(port), connect=True)
-    url = urllib.parse.urlsplit(raw)
-    if url.scheme != "http" or not url.hostname:
+        return Target(host, port, connect=True)
+    scheme, sep, rest = raw.partition("://")
+    if scheme.lower() != "http" or not sep:
         raise Refused(
             400,
             "the proxy takes CONNECT (for https and other TCP) and absolute http:// URLs; set HTTP_PROXY "
             "and HTTPS_PROXY to it rather than sending other requests",
         )
-    try:
-        port = url.port or 80
-    except ValueError:
-        raise Refused(400, "the URL's port is not a number in 1-65535") from None
-    target = Target(_host(url.hostname), _port(str(port)), connect=False)
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    # Userinfo is not sent on: it is no part of where the request goes.
+    host, port = _authority(rest[:end].rpartition("@")[2])
+    target = Target(host, port or 80, connect=False)
+    path = rest[end:].partition("#")[0]
+    if not path.startswith("/"):
+        path = "/" + path
+    fields = {name.lower() for name, _ in request.headers.raw_items()}
+    if b"transfer-encoding" in fields and b"content-length" in fields:
+        # Two framings of one body: the proxy and the server could read different requests from it.
+        raise Refused(400, "the request has both Transfer-Encoding and Content-Length; send one")
     lines = [request.method + b" " + path.encode("ascii", "replace") + b" HTTP/1.1"]
-    has_host = False
+    # The request goes where its URL says; its Host is that URL's host (RFC 9112 3.2.2), whatever the
+    # client's Host field said, so that the server sees the destination that was decided.
+    bracketed = f"[{host}]" if ":" in host else host
+    lines.append(b"Host: " + (bracketed if target.port == 80 else f"{bracketed}:{target.port}").encode("ascii"))
     for name, value in request.headers.raw_items():
-        lowered = name.lower()
-        if lowered in _HOP_HEADERS:
-            continue
-        has_host = has_host or lowered == b"host"
-        lines.append(name + b": " + value)
-    if not has_host:
-        lines.append(b"Host: " + url.netloc.rpartition("@")[2].encode("ascii", "replace"))
+        if name.lower() not in _HOP_HEADERS and name.lower() != b"host":
+            lines.append(name + b": " + value)
     lines.append(b"Connection: close")
     target.head = b"\r\n".join(lines) + b"\r\n\r\n"
     return target
+
+
+def _authority(text: str) -> tuple[str, int | None]:
+    """The host and port (None if absent) of ``host[:port]``: a name, an IPv4 address, or an IPv6
+    address in brackets."""
+    if text.startswith("["):
+        end = text.find("]")
+        inside, after = text[1:end], text[end + 1 :]
+        address = parse_ip(inside) if end > 0 else None
+        if address is None or address.version != 6 or (after and not after.startswith(":")):
+            raise Refused(
+                400, f"{_printable(text)!r} is not host:port (brackets hold an IPv6 address, then only ':PORT')"
+            )
+        return _host(inside), _port(after[1:]) if after else None
+    host, sep, port = text.partition(":")
+    if ":" in port:
+        raise Refused(400, f"{_printable(text)!r} is not host:port (write an IPv6 address in brackets)")
+    return _host(host), _port(port) if sep else None
 
 
 def _host(host: str) -> str:
@@ -117,7 +137,7 @@ def _host(host: str) -> str:
 
 
 def _port(port: str) -> int:
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise Refused(400, f"the port must be 1-65535, got {_printable(port)!r}")
     return int(port)
 

@@ -15,7 +15,11 @@ Matching rules (the docs page ``docs/network.md`` states them for users):
   CGNAT, multicast, unspecified, reserved, documentation ranges, and IPv4 addresses embedded in
   IPv6 forms such as ``::ffff:127.0.0.1``) and the host's own interface addresses are refused,
   whatever name led to them and whatever the application answered to an "ask", unless an address
-  entry contains the address and allows the port.
+  entry contains the address and allows the port. An entry that is a network (``10.0.0.0/8``,
+  ``0.0.0.0/0``) does not reach the addresses that lead to the host or its cloud's metadata service
+  (loopback, link-local, unspecified, ``0.0.0.0/8``, known metadata addresses, the host's own)
+  unless ``Network.networks_reach_host``: only an entry naming the single address does. The
+  unspecified address itself is no valid entry.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Literal, TypeAlias
 
 from ipybox._exceptions import UsageError
 
-__all__ = ("DEFAULT_PORTS", "Entry", "Network", "NetworkEvent", "address_problem", "parse_entry")
+__all__ = ("DEFAULT_PORTS", "Entry", "Network", "NetworkEvent", "address_problem", "host_problem", "parse_entry")
 
 IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -45,6 +49,14 @@ _ENTRY_HELP = (
 )
 # IPv6 forms that carry an IPv4 address the packet ends up at.
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# Linux connects to an address in 0.0.0.0/8 as to this host.
+_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
+# Cloud instance metadata and host services that are not link-local: AWS over IPv6, Alibaba Cloud,
+# Oracle Cloud (older instances), Azure's WireServer (a public address). 169.254.169.254 and the
+# other link-local ones are refused as link-local.
+_METADATA = frozenset(
+    ipaddress.ip_address(a) for a in ("fd00:ec2::254", "100.100.100.200", "192.0.0.192", "168.63.129.16")
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,11 @@ class Entry:
     def contains(self, address: IPAddress) -> bool:
         return self.network is not None and address.version == self.network.version and address in self.network
 
+    @property
+    def exact(self) -> bool:
+        """Whether it is a single address (not a wider network)."""
+        return self.network is not None and self.network.num_addresses == 1
+
 
 def normalize_host(host: str) -> str:
     """Lower case, no trailing dot, no brackets around an IPv6 literal."""
@@ -81,6 +98,8 @@ def normalize_host(host: str) -> str:
 
 def parse_ip(host: str) -> IPAddress | None:
     """The address if ``host`` is an IP literal (no zone ids: those name a host interface)."""
+    if "%" in host:
+        return None
     try:
         return ipaddress.ip_address(host)
     except ValueError:
@@ -106,6 +125,12 @@ def parse_entry(text: str) -> Entry:
             raise UsageError(f"Network allow entry {text!r}: {exc}; {fix}") from None
         network = None
     if network is not None:
+        if network.num_addresses == 1 and network.network_address.is_unspecified:
+            raise UsageError(
+                f"Network allow entry {text!r} is the unspecified address, and connecting to it reaches "
+                "this host itself; write '127.0.0.1' for the host's loopback, or '0.0.0.0/0' for every "
+                "address but the host's"
+            )
         return Entry(text=text, name=None, wildcard=False, network=network, ports=ports)
     wildcard = host.startswith("*.")
     name = host[1:] if wildcard else host
@@ -147,7 +172,44 @@ def _port(port: str, text: str) -> frozenset[int] | None:
 
 def address_problem(address: IPAddress) -> str | None:
     """Why ``address`` is not a public destination, or None if it is one."""
-    checked: list[tuple[IPAddress, str]] = [(address, str(address))]
+    for addr, label in _forms(address):
+        for kind in ("loopback", "link_local", "multicast", "unspecified", "reserved", "private"):
+            if getattr(addr, f"is_{kind}"):
+                return f"{label} is {_a(kind)} {kind.replace('_', '-')} address"
+        if addr in _METADATA:
+            return f"{label} is a cloud metadata address"
+        if not addr.is_global:
+            return f"{label} is not a public address (shared/CGNAT or special-purpose)"
+    if _is_own_address(address):
+        return f"{address} is an address of the host itself"
+    return None
+
+
+def host_problem(address: IPAddress) -> str | None:
+    """Why ``address`` leads to this host or its cloud's metadata service (loopback, link-local,
+    unspecified, a metadata address, one of the host's own), or None: what a network entry does
+    not reach without ``Network.networks_reach_host``."""
+    for addr, label in _forms(address):
+        for kind in ("loopback", "link_local", "unspecified"):
+            if getattr(addr, f"is_{kind}"):
+                return f"{label} is {_a(kind)} {kind.replace('_', '-')} address"
+        if addr in _METADATA:
+            return f"{label} is a cloud metadata address"
+        if addr in _THIS_NETWORK:
+            return f"{label} is in 0.0.0.0/8, which leads to this host"
+    if _is_own_address(address):
+        return f"{address} is an address of the host itself"
+    return None
+
+
+def _a(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _forms(address: IPAddress) -> list[tuple[IPAddress, str]]:
+    """``address`` with a label, preceded by the IPv4 address an IPv6 form carries, if any: that is
+    where the packets go."""
+    forms: list[tuple[IPAddress, str]] = [(address, str(address))]
     if isinstance(address, ipaddress.IPv6Address):
         embedded = address.ipv4_mapped or address.sixtofour or (address.teredo[1] if address.teredo else None)
         if embedded is None and address in _NAT64:
@@ -155,17 +217,8 @@ def address_problem(address: IPAddress) -> str | None:
         if embedded is None and int(address) >> 32 == 0 and int(address) > 1:
             embedded = ipaddress.IPv4Address(int(address))  # IPv4-compatible (deprecated) form
         if embedded is not None:
-            # The IPv4 address it carries first: that is where the packets go.
-            checked.insert(0, (embedded, f"{address} (IPv4 {embedded})"))
-    for addr, label in checked:
-        for kind in ("loopback", "link_local", "multicast", "unspecified", "reserved", "private"):
-            if getattr(addr, f"is_{kind}"):
-                return f"{label} is a {kind.replace('_', '-')} address"
-        if not addr.is_global:
-            return f"{label} is not a public address (shared/CGNAT or special-purpose)"
-    if _is_own_address(address):
-        return f"{address} is an address of the host itself"
-    return None
+            forms.insert(0, (embedded, f"{address} (IPv4 {embedded})"))
+    return forms
 
 
 def _is_own_address(address: IPAddress) -> bool:
@@ -234,6 +287,10 @@ class Network:
             allowed, and a non-public address still needs an address entry.
         on_event: Called with every `NetworkEvent` (on the event loop; keep it quick). A failing
             callback is logged, and the decision stands.
+        networks_reach_host: Whether network entries (``10.0.0.0/8``, ``0.0.0.0/0``) also reach
+            the host's loopback, link-local addresses (cloud metadata at ``169.254.169.254``), other
+            cloud metadata addresses and the host's own addresses inside them. Off (the default),
+            only an entry naming the single address reaches one of those.
     """
 
     allow: Sequence[str] = ()
@@ -244,6 +301,7 @@ class Network:
     idle_timeout: float = 60.0
     hosts: Mapping[str, str] = field(default_factory=dict[str, str])
     on_event: Callable[[NetworkEvent], object] | None = None
+    networks_reach_host: bool = False
     entries: tuple[Entry, ...] = field(init=False, repr=False, compare=False)
     pinned: Mapping[str, IPAddress] = field(init=False, repr=False, compare=False)
 
@@ -275,6 +333,8 @@ class Network:
             pinned[entry.name] = address
         object.__setattr__(self, "hosts", MappingProxyType(dict(self.hosts)))
         object.__setattr__(self, "pinned", MappingProxyType(pinned))
+        if not isinstance(self.networks_reach_host, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"Network networks_reach_host must be True or False, got {self.networks_reach_host!r}")
         if self.on_event is not None and not callable(self.on_event):
             raise UsageError(f"Network on_event must be callable or None, got {self.on_event!r}")
 
@@ -288,7 +348,27 @@ class Network:
                 return True
         return False
 
-    def unlocks(self, address: IPAddress, port: int) -> bool:
-        """Whether an address entry lets connections reach ``address`` on ``port`` although it is
-        not public."""
-        return any(entry.contains(address) and entry.allows_port(port) for entry in self.entries)
+    def refusal(self, address: IPAddress, port: int) -> str | None:
+        """Why connections may not reach ``address`` on ``port`` (whatever name led there), or None.
+
+        A public address may be reached. Any other only through an address entry that contains it
+        and allows the port; if that entry is a network (more than one address), not when the
+        address leads to the host or its metadata service (`host_problem`), unless
+        ``networks_reach_host``.
+        """
+        problem = address_problem(address)
+        if problem is None:
+            return None
+        entries = [entry for entry in self.entries if entry.contains(address) and entry.allows_port(port)]
+        if not entries:
+            return f"{problem}; only an address entry in Network.allow reaches it"
+        if self.networks_reach_host or any(entry.exact for entry in entries):
+            return None
+        problem = host_problem(address)
+        if problem is None:
+            return None
+        return (
+            f"{problem}, inside the network entry {entries[0].text!r}; network entries reach the host's "
+            "loopback, link-local, metadata and own addresses only with Network(networks_reach_host=True), "
+            "or list the address itself"
+        )

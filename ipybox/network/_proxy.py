@@ -11,7 +11,7 @@ proxy
    stays end-to-end, nothing is intercepted) or an absolute-form ``GET http://host/...``,
 3. decides: listed in `Network.allow`, allowed for the executor by an earlier answer, or else
    denied or asked (a `NetworkRequest` through the executor's approval machinery),
-4. resolves the name on the host and checks every address (`address_problem`), then connects to
+4. resolves the name on the host and checks every address (`Network.refusal`), then connects to
    a checked address itself, so a second resolution can never lead elsewhere (no DNS rebinding),
 5. relays bytes both ways, within the byte budget of the execution and the idle timeout, and
    closes the connection when its execution ends.
@@ -42,7 +42,8 @@ from ipybox._exceptions import UsageError
 from ipybox._unixsocket import accept_one, bind_socket, remove_socket
 
 from ._http import Refused, Target, error_reply, read_head
-from ._policy import IPAddress, Network, NetworkEvent, address_problem, parse_ip
+from ._policy import IPAddress, Network, NetworkEvent, parse_ip
+from ._quota import LogQuota
 
 __all__ = ("Asker", "NetworkProxy")
 
@@ -70,6 +71,14 @@ class _Usage:
     bytes: int = 0
     over: bool = False
     scopes: set[anyio.CancelScope] = field(default_factory=set[anyio.CancelScope])
+    rejected: dict[tuple[str, int], str] = field(default_factory=dict[tuple[str, int], str])
+    """Destinations the application rejected during the execution, and its reason."""
+
+    def take(self, wanted: int, limit: float) -> int:
+        """Count up to ``wanted`` bytes against ``limit`` before they are sent; how many fit."""
+        granted = int(min(wanted, max(0, limit - self.bytes)))
+        self.bytes += granted
+        return granted
 
 
 class NetworkProxy:
@@ -102,6 +111,7 @@ class NetworkProxy:
         self._running = running
         self._ask = ask
         self._usage: dict[str, _Usage] = {}
+        self._quota = LogQuota(logger)
         self._remembered: set[tuple[str, int]] = set()
         self._open = 0
         self._tg: anyio.abc.TaskGroup | None = None
@@ -122,6 +132,7 @@ class NetworkProxy:
                 self._listen(listener, os.stat(self._socket_path).st_ino)
                 task_status.started()
         finally:
+            self._quota.flush()
             self._tg = None
             self._listeners.clear()
             listener.close()  # if it never got to serve; closing twice is harmless
@@ -184,6 +195,7 @@ class NetworkProxy:
         if usage is not None:
             for scope in usage.scopes:
                 scope.cancel()
+        self._quota.flush()
 
     async def _accept(self, listener: socket.socket) -> None:
         assert self._tg is not None
@@ -231,7 +243,7 @@ class NetworkProxy:
                 except Refused as refused:
                     if target is not None:
                         self._emit(refused.kind, target, execution, reason=refused.reason)
-                    else:
+                    elif self._quota.allow():
                         logger.warning("network connection refused before its request: %s", refused.reason)
                     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                         await stream.send(error_reply(refused.status, refused.reason))
@@ -244,7 +256,8 @@ class NetworkProxy:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError):
             pass  # the kernel hung up; nothing to tell it
         except Exception:  # a task of the proxy's group: one connection's fault must not end the proxy
-            logger.exception("serving a network connection from the kernel failed; it was closed")
+            if self._quota.allow():
+                logger.exception("serving a network connection from the kernel failed; it was closed")
         finally:
             self._open -= 1
 
@@ -264,24 +277,21 @@ class NetworkProxy:
     ) -> None:
         # Not under the connect timeout: an asked destination waits for a person, as long as the
         # executor's approval timeout allows.
-        await self._decide(target, execution)
+        await self._decide(target, execution, usage)
         with anyio.fail_after(self.network.connect_timeout):
             upstream, address = await self._connect(target)
         self._emit("allowed", target, execution, address=str(address))
-        moved = 0
+        moved = [0]
         async with upstream:
             if target.connect:
                 await stream.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            else:
-                rest = target.head + rest
-            if rest:
-                await upstream.send(rest)
             try:
-                moved = await self._relay(stream, upstream, target, execution, usage)
+                # What came with the head is forwarded like any other bytes: counted first.
+                await self._relay(stream, upstream, target.head + rest, target, execution, usage, moved)
             finally:
-                self._emit("closed", target, execution, address=str(address), moved=moved)
+                self._emit("closed", target, execution, address=str(address), moved=moved[0])
 
-    async def _decide(self, target: Target, execution: str) -> None:
+    async def _decide(self, target: Target, execution: str, usage: _Usage) -> None:
         host, port = target.host, target.port
         if self.network.listed(host, port) or (host, port) in self._remembered:
             return
@@ -291,11 +301,20 @@ class NetworkProxy:
                 f"{host}:{port} is not in this executor's network allowlist (Network.allow); the "
                 "application must list it",
             )
+        if (host, port) in usage.rejected:
+            # Code that retries a rejected destination in a loop (or a client's own retries) would
+            # otherwise put the same question to a person again and again.
+            raise Refused(
+                403,
+                f"the application rejected the connection to {host}:{port} earlier in this code action"
+                f"{usage.rejected[host, port]}; it is asked again in the next code action",
+            )
         self._emit("asked", target, execution)
         decision = await self._ask(host, port, execution)
         self._emit("answered", target, execution, reason=decision.reason or ("approved" if decision.approved else None))
         if not decision.approved:
             why = f": {decision.reason}" if decision.reason else ""
+            usage.rejected[host, port] = why
             raise Refused(403, f"the application rejected the connection to {host}:{port}{why}")
         if decision.remember:
             self._remembered.add((host, port))
@@ -316,8 +335,8 @@ class NetworkProxy:
         for address in addresses:
             if address is None:
                 continue
-            problem = address_problem(address)
-            if problem is not None and not self.network.unlocks(address, port):
+            problem = self.network.refusal(address, port)
+            if problem is not None:
                 refused.append(problem)
                 continue
             try:
@@ -325,52 +344,54 @@ class NetworkProxy:
             except OSError as exc:
                 failed.append(f"connecting to {address} failed ({exc.strerror or exc})")
         if refused and not failed:
-            raise Refused(
-                403,
-                f"{host} leads only to non-public addresses ({'; '.join(refused)}); only an address "
-                "entry in Network.allow lets connections reach them",
-            )
+            raise Refused(403, f"{host} leads only to non-public addresses ({'; '.join(refused)})")
         raise Refused(502, f"cannot connect to {host}:{port}: {'; '.join(failed + refused) or 'no address'}")
 
     async def _relay(
         self,
         client: anyio.abc.SocketStream,
         upstream: anyio.abc.SocketStream,
+        first: bytes,
         target: Target,
         execution: str,
         usage: _Usage,
-    ) -> int:
+        moved: list[int],
+    ) -> None:
+        """Move bytes both ways, starting with ``first`` (from the client); ``moved[0]`` counts them.
+
+        Every byte is counted against the execution's budget before it is sent: past it only the
+        part that fits goes out, and the execution's connections are closed.
+        """
         idle = self.network.idle_timeout
         limit = math.inf if self.network.max_bytes is None else self.network.max_bytes
-        moved = 0
         # Every chunk moves the deadline on: it expires only when both directions were quiet.
         with anyio.CancelScope(deadline=anyio.current_time() + idle) as quiet:
             async with anyio.create_task_group() as tg:
                 finished = 0
 
-                async def pump(src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream) -> None:
-                    nonlocal moved, finished
+                async def pump(src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream, data: bytes) -> None:
+                    nonlocal finished
                     with suppress(anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                         while True:
-                            data = await src.receive(_CHUNK)
-                            usage.bytes += len(data)
-                            moved += len(data)
-                            if usage.bytes > limit:
-                                self._over(usage, target, execution, moved)
+                            fits = usage.take(len(data), limit)
+                            if fits:
+                                moved[0] += fits
+                                await dst.send(data[:fits])
+                                quiet.deadline = anyio.current_time() + idle
+                            if fits < len(data):
+                                self._over(usage, target, execution, moved[0])
                                 return
-                            await dst.send(data)
-                            quiet.deadline = anyio.current_time() + idle
+                            data = await src.receive(_CHUNK)
                     with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
                         await dst.send_eof()
                     finished += 1
                     if finished == 2:
                         tg.cancel_scope.cancel()
 
-                tg.start_soon(pump, client, upstream)
-                tg.start_soon(pump, upstream, client)
+                tg.start_soon(pump, client, upstream, first)
+                tg.start_soon(pump, upstream, client, b"")
         if quiet.cancelled_caught:
-            self._emit("limit", target, execution, reason=f"idle for {idle:g} s (Network.idle_timeout)", moved=moved)
-        return moved
+            self._emit("limit", target, execution, reason=f"idle for {idle:g} s (Network.idle_timeout)", moved=moved[0])
 
     def _over(self, usage: _Usage, target: Target, execution: str, moved: int) -> None:
         if not usage.over:
@@ -404,18 +425,21 @@ class NetworkProxy:
             reason=reason,
             bytes=moved,
         )
-        logger.log(
-            _LEVELS.get(kind, logging.WARNING),
-            "network %s %s:%s%s",
-            kind,
-            target.host,
-            target.port,
-            f" ({reason})" if reason else "",
-            extra={"network_event": asdict(event)},
-        )
+        level = _LEVELS.get(kind, logging.WARNING)
+        if level < logging.WARNING or self._quota.allow():
+            logger.log(
+                level,
+                "network %s %s:%s%s",
+                kind,
+                f"[{target.host}]" if ":" in target.host else target.host,
+                target.port,
+                f" ({reason})" if reason else "",
+                extra={"network_event": asdict(event)},
+            )
         callback: Callable[[NetworkEvent], object] | None = self.network.on_event
         if callback is not None:
             try:
                 callback(event)
             except Exception:  # the application's callback: logged, and the decision stands
-                logger.exception("Network.on_event failed")
+                if self._quota.allow():
+                    logger.exception("Network.on_event failed")
