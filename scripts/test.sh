@@ -3,7 +3,7 @@
 # runs the whole test suite (the cookbook notebooks included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --test-servers
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/pyright

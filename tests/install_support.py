@@ -16,8 +16,9 @@ BUILD_TIMEOUT = 120.0
 
 
 def uv_command() -> list[str]:
-    # scripts/setup.sh installs uv as a module of the system python3; a standalone uv works as well.
-    found = shutil.which("uv")
+    # uv is a dev dependency, so scripts/setup.sh leaves one in .venv; a uv on PATH works as well.
+    in_venv = REPO / ".venv" / "bin" / "uv"
+    found = str(in_venv) if in_venv.exists() else shutil.which("uv")
     return [found] if found else ["python3", "-m", "uv"]
 
 
