@@ -8,7 +8,6 @@ from importlib.metadata import metadata
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import Requirement
 from packaging.version import Version
 
 import ipybox
@@ -113,14 +112,14 @@ def test_the_registry_entry_the_plugin_and_the_install_steps_carry_the_package_v
 
 
 def test_the_plugin_runs_this_project_and_never_an_earlier_ipybox_from_the_index() -> None:
+    # The server runs the package the plugin directory carries (symlinks Claude Code follows when it
+    # copies the plugin), in an environment uv makes from this project's lock file.
     server = _json("plugin/.mcp.json")["mcpServers"]["ipybox"]
-    assert server["command"] == "uvx"
-    option, requirement, program = server["args"][:3]
-    assert (option, program) == ("--from", "ipybox")
-    wanted = Requirement(requirement)
-    assert wanted.name == "ipybox"
-    assert wanted.specifier.contains(ipybox.__version__, prereleases=True)
-    assert not wanted.specifier.contains(NEWEST_EARLIER_IPYBOX, prereleases=True)
+    assert (server["command"], server["args"][0]) == ("sh", "${CLAUDE_PLUGIN_ROOT}/run-server.sh")
+    plugin = REPO / "plugin"
+    for name in ("ipybox", "ipybox_kernel", "pyproject.toml", "uv.lock", "README.md", "LICENSE"):
+        assert (plugin / name).resolve() == REPO / name, name
+    assert "--frozen" in (plugin / "run-server.sh").read_text()
 
 
 def test_the_registry_entry_uses_only_fields_of_its_schema_and_fits_its_limits() -> None:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from install_support import REPO
+from install_support import REPO, copy_of_the_repository
 
 pytestmark = [pytest.mark.install, pytest.mark.timeout(900)]
 
@@ -35,25 +34,6 @@ def _stock_python_is_externally_managed() -> bool:
         check=True,
     ).stdout.strip()
     return (Path(stdlib) / "EXTERNALLY-MANAGED").exists()
-
-
-def _copy_of_the_repository(dest: Path) -> Path:
-    """The files a clone has (tracked, plus new files not ignored): no .venv, node_modules or caches."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    for name in filter(None, listed.split("\0")):
-        source = REPO / name
-        if source.is_file() and not source.is_symlink():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest / name)
-        elif source.is_symlink():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            (dest / name).symlink_to(os.readlink(source))
-    return dest
 
 
 def _failing_tools(bin_dir: Path) -> Path:
@@ -78,7 +58,7 @@ def _download_caches() -> dict[str, str]:
     not _stock_python_is_externally_managed(), reason="needs a distribution python3 marked EXTERNALLY-MANAGED"
 )
 def test_the_demo_command_sets_up_and_runs_with_the_distributions_python_and_no_uv_or_npm(tmp_path: Path) -> None:
-    repo = _copy_of_the_repository(tmp_path / "repo")
+    repo = copy_of_the_repository(tmp_path / "repo")
     home = tmp_path / "home"
     home.mkdir()
     bin_dir = _failing_tools(tmp_path / "bin")
