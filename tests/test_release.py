@@ -106,9 +106,9 @@ def test_the_registry_entry_the_plugin_and_the_install_steps_carry_the_package_v
     plugin_version = _json("plugin/.claude-plugin/plugin.json")["version"]
     assert plugin_version == _as_semver(Version(ipybox.__version__))
     assert SEMVER.fullmatch(plugin_version), plugin_version
-    readme = (REPO / "README.md").read_text()
-    assert f"dist/ipybox-{ipybox.__version__}-py3-none-any.whl" in readme
-    assert f'"ipybox>={ipybox.__version__}"' in readme
+    install = (REPO / "docs" / "install.md").read_text()
+    assert f"dist/ipybox-{ipybox.__version__}-py3-none-any.whl" in install
+    assert f'"ipybox>={ipybox.__version__}"' in install
 
 
 def test_the_plugin_runs_this_project_and_never_an_earlier_ipybox_from_the_index() -> None:
