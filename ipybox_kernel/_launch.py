@@ -287,8 +287,12 @@ def prepare(
     call's output mark (None: nothing to drain).
     """
     from ._context import announce_execution, carry_execution_context
+    from ._imports import install_missing_tools_hint
     from ._marks import OutputMarks
     from ._transport import set_output_mark
+
+    # An import of a tool package the kernel lacks says why and what to do.
+    install_missing_tools_hint()
 
     # Threads keep the cell that started them, so their output and tool calls are not taken for
     # those of the cell that runs when they print or call.
