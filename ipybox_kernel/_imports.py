@@ -28,16 +28,26 @@ class _MissingTools:
         top, _, rest = fullname.partition(".")
         tools_dir = os.environ.get(_TOOLS_DIR_ENV)
         package = os.path.basename(tools_dir.rstrip("/")) if tools_dir else None
-        if top == package and rest:
-            raise ModuleNotFoundError(_no_tool_package(fullname, package, rest, tools_dir), name=fullname)
+        mounted = tools_dir is not None and os.path.isdir(tools_dir)
+        if tools_dir is not None and package is not None and top in (package, _DEFAULT_PACKAGE) and not mounted:
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r}: the executor's tools_dir ({tools_dir}) did not exist when this "
+                "kernel started, so no tools are mounted; generate the tools into it (generate_mcp_sources, "
+                "ipybox generate --root), or pass the tools_dir they were generated into, then reset() the executor",
+                name=fullname,
+            )
+        if package is not None and top == package:
+            if rest:
+                raise ModuleNotFoundError(_no_tool_package(fullname, package, rest, tools_dir), name=fullname)
+            return None
         if top == _DEFAULT_PACKAGE and package is None:
             raise ModuleNotFoundError(
                 f"No module named {fullname!r}: this kernel has no tools directory (the executor's tools_dir "
-                "is None, or did not exist when the kernel started). Generate the tools into it first "
-                "(generate_mcp_sources, register_mcp_server, ipybox generate), then reset() the executor",
+                "is None); pass the tools_dir the tools were generated into (generate_mcp_sources, "
+                "ipybox generate), then start the executor again",
                 name=fullname,
             )
-        if top == _DEFAULT_PACKAGE and package != _DEFAULT_PACKAGE:
+        if top == _DEFAULT_PACKAGE:
             raise ModuleNotFoundError(
                 f"No module named {fullname!r}: this kernel's tools directory is imported as {package!r} "
                 f"(the name of the executor's tools_dir); import {package}.<server>, or name the directory "

@@ -236,7 +236,10 @@ def main(argv: list[str] | None = None) -> None:
     from ._netproxy import start_forwarder
 
     # Before any user code, so HTTP_PROXY & co. are set for it and for the processes it starts.
-    start_forwarder()
+    if start_forwarder() is None:
+        from ._nonet import explain_missing_network
+
+        explain_missing_network()
     if ours.ready_fd is not None:
         os.write(ours.ready_fd, b"1")
         # User code has no business with the host's end of start-up.
