@@ -8,6 +8,7 @@ packages; ``ipybox mcp`` serves ipybox over MCP. Each subcommand is a ``_cmd_*``
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -171,7 +172,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in arguments:
         split = arguments.index("--")
         arguments, command = arguments[:split], arguments[split + 1 :]
-    args = parser.parse_args(arguments)
+    args, unknown = parser.parse_known_args(arguments)
+    if unknown and args.subcommand == "generate" and not command and not unknown[0].startswith("-"):
+        # The usual slip: the server's command without the '--' before it.
+        known = list(arguments)
+        for word in unknown:
+            known.remove(word)
+        suggested = shlex.join(["ipybox", *known, "--", *unknown])
+        parser.error(
+            f"unrecognized arguments: {shlex.join(unknown)}; put the server's command after '--', e.g. {suggested}"
+        )
+    if unknown:
+        parser.error(f"unrecognized arguments: {shlex.join(unknown)}")
     if command and args.subcommand != "generate":
         parser.error(f"'--' is only used by 'ipybox generate', not by {args.subcommand!r}")
     args.command = command

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import Literal, NoReturn, Self
 
 import anyio
 import anyio.abc
@@ -218,6 +218,16 @@ class CodeExecutor:
             await self._tg.start(self._proxy.run)
         side.serve(self._tools, self._proxy)
         await self._tg.start(self._kernels.run)
+
+    def __enter__(self) -> NoReturn:
+        # Without this, a plain `with` fails with a TypeError that does not say what to write instead.
+        raise UsageError(
+            "CodeExecutor is an async context manager: write 'async with CodeExecutor(...) as executor:' "
+            "inside an async function (run it with asyncio.run(main()))"
+        )
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Never called: `__enter__` raises (Python looks both up before a `with` starts)."""
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -236,7 +236,10 @@ def main(argv: list[str] | None = None) -> None:
     from ._netproxy import start_forwarder
 
     # Before any user code, so HTTP_PROXY & co. are set for it and for the processes it starts.
-    start_forwarder()
+    if start_forwarder() is None:
+        from ._nonet import explain_missing_network
+
+        explain_missing_network()
     if ours.ready_fd is not None:
         os.write(ours.ready_fd, b"1")
         # User code has no business with the host's end of start-up.
@@ -287,8 +290,12 @@ def prepare(
     call's output mark (None: nothing to drain).
     """
     from ._context import announce_execution, carry_execution_context
+    from ._imports import install_missing_tools_hint
     from ._marks import OutputMarks
     from ._transport import set_output_mark
+
+    # An import of a tool package the kernel lacks says why and what to do.
+    install_missing_tools_hint()
 
     # Threads keep the cell that started them, so their output and tool calls are not taken for
     # those of the cell that runs when they print or call.

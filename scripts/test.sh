@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
 # Sets everything up, then runs the linters, the type checker, builds the documentation site and
 # runs the whole test suite (the cookbook notebooks included).
+#
+#   bash scripts/test.sh --fast [PYTEST ARGS]   ruff and the fast tier only (no kernel, no npm): < 2 min
+#   bash scripts/test.sh [PYTEST ARGS]          everything
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  bash scripts/setup.sh
+  .venv/bin/ruff check .
+  .venv/bin/ruff format --check .
+  exec .venv/bin/pytest -m fast "$@"
+fi
+bash scripts/setup.sh --test-servers
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/pyright

@@ -10,6 +10,28 @@ from ipybox import CodeExecutor, generate_mcp_sources
 
 pytest_plugins = ("servers.fixtures", "servers.gateway")
 
+# The fast tier (`bash scripts/test.sh --fast`, `pytest -m fast`): tests that start no sandboxed kernel
+# and no npm server, under 2 minutes on 2 cores. Whole files, and single tests by their node id.
+FAST = {
+    "tests/test_names.py",
+    "tests/test_release.py",
+    "tests/test_public_api.py",
+    "tests/test_zmtp.py",
+    "tests/test_config_errors.py",
+    "tests/test_gateway_bridge.py",
+    "tests/test_kernel_client.py",
+    "tests/test_seccomp.py",
+    "tests/test_docs.py::test_the_api_reference_documents_every_public_name_and_nothing_else",
+    "tests/test_docs.py::test_every_cookbook_notebook_is_in_the_site_navigation",
+    "tests/test_snippets.py::test_the_pages_have_python_blocks_to_check",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.split("::")[0] in FAST or item.nodeid in FAST:
+            item.add_marker(pytest.mark.fast)
+
 
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ("REPO", "build_wheel", "uv_command")
+__all__ = ("REPO", "build_wheel", "copy_of_the_repository", "uv_command")
 
 REPO = Path(__file__).resolve().parents[1]
 # Building the wheel: uv fetches hatchling into its (temporary) cache first.
@@ -16,8 +16,9 @@ BUILD_TIMEOUT = 120.0
 
 
 def uv_command() -> list[str]:
-    # scripts/setup.sh installs uv as a module of the system python3; a standalone uv works as well.
-    found = shutil.which("uv")
+    # uv is a dev dependency, so scripts/setup.sh leaves one in .venv; a uv on PATH works as well.
+    in_venv = REPO / ".venv" / "bin" / "uv"
+    found = str(in_venv) if in_venv.exists() else shutil.which("uv")
     return [found] if found else ["python3", "-m", "uv"]
 
 
@@ -36,3 +37,21 @@ def build_wheel(work: Path) -> Path:
     )
     (wheel,) = dist.glob("ipybox-*.whl")
     return wheel
+
+
+def copy_of_the_repository(dest: Path) -> Path:
+    """The files a clone has (tracked, plus new files not ignored): no .venv, node_modules or caches."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source, target = REPO / name, dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            target.symlink_to(os.readlink(source))
+        elif source.is_file():  # a tracked file deleted in the checkout is left out
+            shutil.copy2(source, target)
+    return dest

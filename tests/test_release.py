@@ -8,7 +8,6 @@ from importlib.metadata import metadata
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import Requirement
 from packaging.version import Version
 
 import ipybox
@@ -107,20 +106,20 @@ def test_the_registry_entry_the_plugin_and_the_install_steps_carry_the_package_v
     plugin_version = _json("plugin/.claude-plugin/plugin.json")["version"]
     assert plugin_version == _as_semver(Version(ipybox.__version__))
     assert SEMVER.fullmatch(plugin_version), plugin_version
-    readme = (REPO / "README.md").read_text()
-    assert f"dist/ipybox-{ipybox.__version__}-py3-none-any.whl" in readme
-    assert f'"ipybox>={ipybox.__version__}"' in readme
+    install = (REPO / "docs" / "install.md").read_text()
+    assert f"dist/ipybox-{ipybox.__version__}-py3-none-any.whl" in install
+    assert f'"ipybox>={ipybox.__version__}"' in install
 
 
 def test_the_plugin_runs_this_project_and_never_an_earlier_ipybox_from_the_index() -> None:
+    # The server runs the package the plugin directory carries (symlinks Claude Code follows when it
+    # copies the plugin), in an environment uv makes from this project's lock file.
     server = _json("plugin/.mcp.json")["mcpServers"]["ipybox"]
-    assert server["command"] == "uvx"
-    option, requirement, program = server["args"][:3]
-    assert (option, program) == ("--from", "ipybox")
-    wanted = Requirement(requirement)
-    assert wanted.name == "ipybox"
-    assert wanted.specifier.contains(ipybox.__version__, prereleases=True)
-    assert not wanted.specifier.contains(NEWEST_EARLIER_IPYBOX, prereleases=True)
+    assert (server["command"], server["args"][0]) == ("sh", "${CLAUDE_PLUGIN_ROOT}/run-server.sh")
+    plugin = REPO / "plugin"
+    for name in ("ipybox", "ipybox_kernel", "pyproject.toml", "uv.lock", "README.md", "LICENSE"):
+        assert (plugin / name).resolve() == REPO / name, name
+    assert "--frozen" in (plugin / "run-server.sh").read_text()
 
 
 def test_the_registry_entry_uses_only_fields_of_its_schema_and_fits_its_limits() -> None:

@@ -23,8 +23,9 @@ import base64
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal, NoReturn, NotRequired, Self, TypedDict, cast
 
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import ToolCall, ToolMessage
 from langchain_core.messages.content import create_image_block, create_text_block
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool, InjectedToolCallId
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.config import get_config, get_stream_writer
@@ -206,6 +207,24 @@ class IpyboxTool(BaseTool):
             catalogue_mode=text.catalogue,
             **kwargs,
         )
+
+    def invoke(
+        self, input: str | dict[str, Any] | ToolCall, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Any:
+        # Before LangChain's own checks, whose errors are about its injected arguments instead.
+        self._run()
+
+    async def ainvoke(
+        self, input: str | dict[str, Any] | ToolCall, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Any:
+        if not (isinstance(input, dict) and input.get("type") == "tool_call"):
+            # LangChain's own error names InjectedToolCallId, not what to pass.
+            raise UsageError(
+                f"{type(self).__name__} answers a model's tool call and needs its id: pass a ToolCall, e.g. "
+                f"await tool.ainvoke({{'name': {self.name!r}, 'args': {{'code': '6 * 7'}}, 'id': 'call-1', "
+                "'type': 'tool_call'}), or give the tool to an agent"
+            )
+        return await super().ainvoke(input, config, **kwargs)
 
     def _run(self, *args: object, **kwargs: object) -> NoReturn:
         raise UsageError(

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from ipybox._config import Limits, SandboxConfig, Timeouts
-from ipybox._exceptions import UsageError
+from ipybox._exceptions import SandboxUnavailable, UsageError
 from ipybox._mcp import HttpServer, StdioServer, parse_server_params
 from ipybox.network._policy import Network
 from ipybox.network._setup import check_network
+from ipybox.sandbox._sandbox import resolve_sandbox
 
 __all__ = (
     "DEFAULT_TIMEOUTS",
@@ -314,6 +315,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _working_sandbox(sandbox: SandboxConfig) -> SandboxConfig:
+    """Check the sandbox works here before the server starts: an MCP client shows a server that
+    started as connected, and a missing bwrap would surface only in the first cell's error."""
+    try:
+        resolve_sandbox(sandbox)
+    except SandboxUnavailable as exc:
+        # Its advice names the Python API's opt-out; on the command line that is --no-sandbox.
+        raise UsageError(str(exc).replace("sandbox=None", "--no-sandbox")) from None
+    return sandbox
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """Build the configuration from parsed arguments and the ``--config`` file they name.
 
@@ -350,9 +362,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise UsageError("--pool keeps kernels for new HTTP sessions; over stdio there is one session: drop --pool")
     ro_paths = tuple(p.expanduser().resolve() for p in args.ro_path)
     rw_paths = tuple(p.expanduser().resolve() for p in args.rw_path)
+    sandbox = None if args.no_sandbox else _working_sandbox(SandboxConfig(ro_paths=ro_paths, rw_paths=rw_paths))
     return ServerConfig(
         workspace=args.workspace.expanduser().resolve(),
-        sandbox=None if args.no_sandbox else SandboxConfig(ro_paths=ro_paths, rw_paths=rw_paths),
+        sandbox=sandbox,
         env=_pairs(args.env),
         limits=limits,
         timeouts=timeouts,
