@@ -250,11 +250,11 @@ def groups(archive: Path) -> tuple[list[Group], dict[str, int]]:
                 out.append(Group(draft, file, index, group["description"], typed, tests, "formats"))
                 continue
             out.append(Group(draft, file, index, group["description"], schema, tests, "wrapped"))
-            if is_object_schema(schema) and not any(True for _ in refs_in(schema)):
-                direct = [(d, v) for d, v in tests if isinstance(d, dict)]
+            if obj is not None and is_object_schema(obj) and not any(True for _ in refs_in(obj)):
+                direct = [(d, v) for d, v in tests if as_object(d) is not None]
                 if direct:
                     out.append(
-                        Group(draft, file, index, group["description"], {**schema, "type": "object"}, direct, "direct")
+                        Group(draft, file, index, group["description"], {**obj, "type": "object"}, direct, "direct")
                     )
     return out, skipped
 
@@ -264,9 +264,12 @@ def input_schema(group: Group) -> dict[str, Any]:
         return group.schema
     schema = rewrite_refs(group.schema, "#/properties/x")
     obj = as_object(schema)
+    dialect: dict[str, Any] = {}
     if obj is not None and "$schema" in obj:
+        # The dialect applies to the whole document, so it moves to the wrapper's root.
+        dialect = {"$schema": obj["$schema"]}
         schema = {k: v for k, v in obj.items() if k != "$schema"}
-    return {"type": "object", "properties": {"x": schema}, "required": ["x"]}
+    return {**dialect, "type": "object", "properties": {"x": schema}, "required": ["x"]}
 
 
 def instances(group: Group) -> list[tuple[Any, bool]]:
@@ -354,6 +357,7 @@ def score(group: Group, expected: list[bool], send: Any | None) -> Score:
             result.false_accepts += 1
         if valid and accepted and canonical(sent) != canonical(data):
             result.altered += 1
+            result.rejects.append(f"{group.label}: altered {canonical(data)[:80]} -> {canonical(sent)[:80]}")
     return result
 
 
@@ -454,7 +458,9 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=REPO / "bench" / ".cache")
     parser.add_argument("--sdist", type=Path, help="a jsonschema sdist (.tar.gz) to read the suite from")
     parser.add_argument("--json", type=Path, help="write the scores here as JSON")
-    parser.add_argument("--list-rejects", action="store_true", help="print every false reject of both sides")
+    parser.add_argument(
+        "--list-rejects", action="store_true", help="print every false reject and altered value of both sides"
+    )
     args = parser.parse_args()
 
     started = time.perf_counter()

@@ -154,6 +154,8 @@ def _map_root(parsed: Parsed) -> bool:
         )
         stmt.bases = [ast.Name(id=model, ctx=ast.Load())]
         stmt.body = [*doc, extra]
+        used = {n.id for n in ast.walk(ast.Module(body=parsed.body, type_ignores=[])) if isinstance(n, ast.Name)}
+        parsed.imports = {name: origin for name, origin in parsed.imports.items() if name in used or name == model}
         return True
     return False
 

@@ -85,6 +85,7 @@ _VALUE_KEYS = frozenset(
         "pattern",
         "readOnly",
         "required",
+        "$schema",
         "type",
         "uniqueItems",
         "writeOnly",
@@ -111,6 +112,11 @@ def _sequence(value: Any) -> list[Any] | None:
 class _Cleaner:
     root: Mapping[str, Any]
     notes: list[str] = field(default_factory=list[str])
+
+    @property
+    def draft7(self) -> bool:
+        dialect = self.root.get("$schema")
+        return isinstance(dialect, str) and any(f"draft-0{n}/" in dialect for n in (4, 6, 7))
 
     def schema(self, node: Any, where: str) -> Any:
         if isinstance(node, bool):
@@ -161,7 +167,10 @@ class _Cleaner:
         required = _sequence(out.pop("required", None))
         if required is not None:
             out["required"] = [r for r in required if isinstance(r, str)]
-        return _loosen(out, obj)
+        if self.draft7 and "$ref" in out:
+            # Up to draft 7, keywords next to $ref are ignored.
+            out = {k: v for k, v in out.items() if k in _REF_SIBLINGS}
+        return _loosen(out, obj, root=where == "#")
 
     def _regex(self, pattern: Any, where: str) -> bool:
         # Generated models validate patterns with Python's re; one it cannot compile would make
@@ -212,7 +221,57 @@ _APPLICATORS = frozenset(
 )
 
 
-def _loosen(out: dict[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
+# What stays next to a draft-7 $ref: the ref, annotations, and definitions other refs may point into.
+_REF_SIBLINGS = frozenset({"$ref", "description", "$defs", "definitions", "$schema"})
+# Keywords that only constrain values of one JSON type; the generator takes them as that type.
+_OBJECT_KEYWORDS = frozenset(
+    {
+        "additionalProperties",
+        "dependencies",
+        "dependentRequired",
+        "dependentSchemas",
+        "maxProperties",
+        "minProperties",
+        "properties",
+        "propertyNames",
+        "required",
+    }
+)
+_ARRAY_KEYWORDS = frozenset(
+    {"contains", "items", "maxContains", "maxItems", "minContains", "minItems", "prefixItems", "uniqueItems"}
+)
+_ANY_OTHER = ["string", "number", "boolean", "null"]
+
+
+def _typeless(out: dict[str, Any]) -> dict[str, Any]:
+    """A schema without ``type`` whose keywords are for objects or arrays also admits every other type.
+
+    The generator would type it from its keywords (``{"items": ...}`` as a list), rejecting the
+    rest; so each family becomes one typed branch of an ``anyOf``, next to the other types.
+    """
+    if "type" in out or "enum" in out or "const" in out:
+        return out
+    objects = {k: out[k] for k in _OBJECT_KEYWORDS if k in out}
+    arrays = {k: out[k] for k in _ARRAY_KEYWORDS if k in out}
+    if (not objects and not arrays) or any(k in out for k in ("allOf", "anyOf", "oneOf", "$ref")):
+        # With composition the generator's own inference stays: an extra union would only be merged
+        # into its branches in ways that are hard to predict.
+        return out
+    rest = {k: v for k, v in out.items() if k not in objects and k not in arrays}
+    branches: list[Any] = []
+    branches.append({"type": "object", **objects} if objects else {"type": "object"})
+    branches.append({"type": "array", **arrays} if arrays else {"type": "array"})
+    branches.append({"type": _ANY_OTHER})
+    if "anyOf" in rest:
+        # Keep the schema's own anyOf: both must hold.
+        return {
+            **{k: v for k, v in rest.items() if k != "anyOf"},
+            "allOf": [{"anyOf": rest["anyOf"]}, {"anyOf": branches}],
+        }
+    return {**rest, "anyOf": branches}
+
+
+def _loosen(out: dict[str, Any], original: Mapping[str, Any], *, root: bool) -> dict[str, Any]:
     """Rewrite keywords the generator would check more strictly than JSON Schema (module docstring)."""
     form = out.pop("format", None)
     if form is not None:
@@ -233,10 +292,12 @@ def _loosen(out: dict[str, Any], original: Mapping[str, Any]) -> dict[str, Any]:
     if patterns:
         options = [o for o in [*patterns.values(), out.get("additionalProperties", True)] if o is not False]
         if any(o is True or o == {} for o in options):
-            out["additionalProperties"] = True
+            # {} rather than true: keys the patterns declare are expected, not typos to warn about.
+            out["additionalProperties"] = {}
         else:
             out["additionalProperties"] = {"anyOf": options} if options else False
-    return out
+    # The root is an object whatever it says (tool arguments); elsewhere keep every type it admits.
+    return out if root else _typeless(out)
 
 
 def _admits_null(node: Any, root: Mapping[str, Any], seen: frozenset[str] = frozenset()) -> bool:
