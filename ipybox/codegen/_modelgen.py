@@ -414,6 +414,19 @@ def _faithful_types(node: ast.ClassDef, side: Side) -> set[str]:
     return rewriter.used
 
 
+def _typed_extras_note(source: str) -> str:
+    """Mark pydantic's way of typing extra keys as intended for type checkers of the generated code.
+
+    ``BaseModel`` declares ``__pydantic_extra__: dict[str, Any] | None``; narrowing it is how pydantic
+    documents typed extras, and what a checker reports as an incompatible override.
+    """
+    prefix = f"    {EXTRA_FIELD}: "
+    return "\n".join(
+        f"{line}  # pyright: ignore[reportIncompatibleVariableOverride]" if line.startswith(prefix) else line
+        for line in source.split("\n")
+    )
+
+
 def _free(name: str, taken: set[str]) -> str:
     candidate, n = name, 1
     while candidate in taken:
@@ -495,7 +508,7 @@ def generate_tool_models(
             if isinstance(stmt, ast.ClassDef) and _is_pydantic_model(stmt, imports):
                 strict |= _faithful_types(stmt, side)
                 _configure_model(stmt, imports)
-            classes.append(ast.unparse(stmt))
+            classes.append(_typed_extras_note(ast.unparse(stmt)))
     for name in sorted(strict):
         imports[name] = ("pydantic", name)
     return ToolModels(imports, classes, result is not None, fallbacks, notes)

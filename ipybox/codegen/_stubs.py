@@ -48,6 +48,13 @@ _PLAIN = {"StrictInt": "int", "StrictFloat": "float", "StrictBool": "bool"}
 
 
 class _Plain(ast.NodeTransformer):
+    def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+        # A JSON number is an int or a float; to a Python reader (PEP 484's numeric tower) a float.
+        if ast.unparse(node) in ("StrictInt | StrictFloat", "int | float"):
+            return ast.Name(id="float", ctx=ast.Load())
+        self.generic_visit(node)
+        return node
+
     def visit_Name(self, node: ast.Name) -> ast.Name:
         return ast.Name(id=_PLAIN.get(node.id, node.id), ctx=node.ctx)
 
