@@ -195,8 +195,6 @@ def wrapped(schema: Any) -> dict[str, Any]:
         ),
         pytest.param({"type": "string", "format": "duration"}, ["P1M"], id="duration sent as written"),
         pytest.param({"type": "string", "format": "uuid"}, ["not-a-uuid"], id="uuid is an annotation"),
-        pytest.param({"type": "string", "format": "uri"}, ["https://Example.com"], id="uri sent as written"),
-        pytest.param({"type": "integer"}, [2**64 + 1], id="big integer"),
         pytest.param({"type": "number"}, [5, 2**60 + 1, 0.5], id="number keeps int or float"),
     ],
 )
