@@ -207,6 +207,12 @@ def test_suite_shapes_accept_valid_values_and_send_them_unchanged(
         assert json.dumps(sent(module, {"x": value}, warn=True)) == json.dumps({"x": value})
 
 
+def test_a_false_branch_of_all_of_still_gets_a_typed_model_that_checks_the_rest(tmp_path: Path) -> None:
+    module = tool_module(tmp_path, wrapped({"allOf": [{"type": "integer", "minimum": 1}, False]}))
+    with pytest.raises(ValidationError):
+        module._arguments({"x": "1"})
+
+
 def test_pattern_properties_next_to_a_closed_object_accept_matching_keys(tmp_path: Path) -> None:
     schema: dict[str, Any] = {
         "type": "object",

@@ -146,6 +146,12 @@ class _Cleaner:
             elif key in _SCHEMA_LIST_KEYS:
                 if items is not None:
                     out[key] = [self.schema(v, here) for v in items]
+                if key != "prefixItems" and False in out.get(key, ()):
+                    # The generator cannot take a `false` branch: without it anyOf/oneOf mean the
+                    # same, and allOf checks less (never more).
+                    out[key] = [v for v in out[key] if v is not False]
+                    if not out[key]:
+                        del out[key]
             elif key == "patternProperties":
                 if entries is not None:
                     out[key] = {k: self.schema(v, f"{here}/{k}") for k, v in entries.items()}
