@@ -189,23 +189,7 @@ class _Cleaner:
         return True
 
     def _resolves(self, ref: Any) -> bool:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            return False
-        if ref == "#":
-            return True
-        if not ref.startswith("#/"):
-            return False
-        node: Any = self.root
-        for raw in ref[2:].split("/"):
-            part = raw.replace("~1", "/").replace("~0", "~")
-            obj, items = _mapping(node), _sequence(node)
-            if obj is not None and part in obj:
-                node = obj[part]
-            elif items is not None and part.isdigit() and int(part) < len(items):
-                node = items[int(part)]
-            else:
-                return False
-        return isinstance(node, bool) or _mapping(node) is not None
+        return isinstance(ref, str) and _pointer(self.root, ref) is not None
 
 
 # Keywords next to which ``unevaluated*`` means more than ``additional*``: they evaluate too.
