@@ -15,6 +15,9 @@ and to find the generated tool modules that fit a task (read from the tools dire
     for match in search_tools("list open issues with a label", k=3):
         print(match.module, match.description)
 
+Generated tool modules return a `ToolText` (a str with every content item: images, audio,
+resources) for tools without an output schema, and build their arguments with `tool_arguments`.
+
 and to keep code that worked as a skill, importable later as ``skills.<name>`` (the host asks for
 approval first, like for any tool call)::
 
@@ -53,6 +56,16 @@ from ._errors import (
 )
 
 if TYPE_CHECKING:
+    from ._arguments import UndeclaredArgumentWarning as UndeclaredArgumentWarning
+    from ._arguments import tool_arguments as tool_arguments
+    from ._content import AudioContent as AudioContent
+    from ._content import Content as Content
+    from ._content import EmbeddedResource as EmbeddedResource
+    from ._content import ImageContent as ImageContent
+    from ._content import OtherContent as OtherContent
+    from ._content import ResourceLink as ResourceLink
+    from ._content import TextContent as TextContent
+    from ._content import ToolText as ToolText
     from ._search import ToolMatch as ToolMatch
     from ._search import search_tools as search_tools
     from ._skills import SkillInfo as SkillInfo
@@ -60,9 +73,16 @@ if TYPE_CHECKING:
     from ._skills import save_skill as save_skill
 
 __all__ = (
+    "AudioContent",
+    "Content",
+    "EmbeddedResource",
+    "ImageContent",
     "MCPServerCrashed",
     "MCPServerStartError",
+    "OtherContent",
+    "ResourceLink",
     "SkillInfo",
+    "TextContent",
     "ToolCallError",
     "ToolCallRejected",
     "ToolCallTimeout",
@@ -71,16 +91,28 @@ __all__ = (
     "ToolNotFound",
     "ToolOutput",
     "ToolServerUnavailable",
+    "ToolText",
+    "UndeclaredArgumentWarning",
     "acall_tool",
     "call_tool",
     "list_skills",
     "save_skill",
     "search_tools",
+    "tool_arguments",
 )
 
 
 # Loaded on first use, not with every kernel: the search (ast, pathlib, its regexes) costs ~15 ms.
 _LAZY = {
+    # Generated tool modules: their results and arguments (the latter imports pydantic).
+    **dict.fromkeys(
+        ("AudioContent", "Content", "EmbeddedResource", "ImageContent", "OtherContent", "ResourceLink"),
+        "._content",
+    ),
+    "TextContent": "._content",
+    "ToolText": "._content",
+    "UndeclaredArgumentWarning": "._arguments",
+    "tool_arguments": "._arguments",
     "ToolMatch": "._search",
     "search_tools": "._search",
     "SkillInfo": "._skills",

@@ -166,7 +166,11 @@ async def test_remote_and_local_refs_are_never_followed(hostile: Hostile) -> Non
     assert any("/schema.json" in n for n in ignored)
     assert any("'/etc/passwd'" in n for n in ignored) and any("'secrets.json#/x'" in n for n in ignored)
     source = (hostile.root / "hostile" / "everything.py").read_text()
-    assert "root:" in source and "local_file: Any | None" in source and "relative_file: Any | None" in source
+    assert (
+        "root:" in source
+        and "local_file: Annotated[Any | None" in source
+        and "relative_file: Annotated[Any | None" in source
+    )
 
 
 async def test_schemas_too_deep_or_too_large_fall_back_to_permissive_models(hostile: Hostile) -> None:

@@ -12,7 +12,10 @@ import ast
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ("Import", "Parsed", "Unsafe", "parse_generated")
+__all__ = ("EXTRA_FIELD", "Import", "Parsed", "Unsafe", "parse_generated")
+
+# Pydantic's annotation for the type of a model's undeclared keys (with ``extra='allow'``).
+EXTRA_FIELD = "__pydantic_extra__"
 
 Import = tuple[str, str | None]
 """Where a module-level name comes from: ``(module, attribute)``; attribute None for ``import module``."""
@@ -160,10 +163,24 @@ class _Checker:
             raise Unsafe(f"class name {node.name!r}")
         for base in node.bases:
             self.expr(base, as_type=True)
-        for stmt in node.body:
+        for index, stmt in enumerate(node.body):
             match stmt:
                 case ast.Expr(value=ast.Constant(value=str())) | ast.Pass():
                     pass
+                case ast.Assign(
+                    targets=[ast.Name(id="__annotations__")],
+                    value=ast.Dict(keys=[ast.Constant(value="__pydantic_extra__")], values=[annotation]),
+                ):
+                    # The generator's spelling of typed extra fields (``additionalProperties`` next to
+                    # ``properties``); pydantic's own is an annotation, which is what is kept.
+                    self.expr(annotation, as_type=True)
+                    node.body[index] = ast.AnnAssign(
+                        target=ast.Name(id=EXTRA_FIELD, ctx=ast.Store()), annotation=annotation, simple=1
+                    )
+                case ast.AnnAssign(target=ast.Name(id=target), annotation=annotation, value=None, simple=1) if (
+                    target == EXTRA_FIELD
+                ):
+                    self.expr(annotation, as_type=True)
                 case ast.AnnAssign(target=ast.Name(id=target), annotation=annotation, value=value, simple=1):
                     _check_target(target, field=True)
                     self.expr(annotation, as_type=True)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._modelcheck import Import, Parsed, Unsafe, parse_generated
-from ._schema import SchemaRejected, clean_schema
+from ._modelcheck import EXTRA_FIELD, Import, Parsed, Unsafe, parse_generated
+from ._schema import NULLABLE_KEY, SchemaRejected, clean_schema
 
 if TYPE_CHECKING:
     from datamodel_code_generator import GenerateConfig
@@ -57,7 +57,7 @@ class ToolModels:
 @cache
 def _config(class_name: Side) -> GenerateConfig:
     # The generator is heavy: load it on first use.
-    from datamodel_code_generator import DatetimeClassType, GenerateConfig, LiteralType, PythonVersion
+    from datamodel_code_generator import GenerateConfig, LiteralType, PythonVersion
     from datamodel_code_generator.enums import DataModelType, InputFileType
 
     return GenerateConfig(
@@ -79,11 +79,8 @@ def _config(class_name: Side) -> GenerateConfig:
         enum_field_as_literal=LiteralType.All,
         # Keyword and dunder field names get aliases; let callers use either spelling.
         allow_population_by_field_name=True,
-        # Servers often send timestamps without an offset; do not reject them on output.
-        output_datetime_class=DatetimeClassType.Datetime,
-        # EmailStr and ULID need optional packages the kernel may not have; AnyUrl rewrites URLs
-        # (adds a trailing slash) and Base64Str decodes, so the server would not get what was sent.
-        type_mappings=["email=string", "idn-email=string", "ulid=string", "uri=string", "byte=string"],
+        # Carries the mark of optional properties that admit null into the field (`_schema.NULLABLE_KEY`).
+        field_extra_keys={NULLABLE_KEY},
     )
 
 
@@ -115,14 +112,73 @@ def _is_base_model(parsed: Parsed, class_name: str) -> bool:
     return False
 
 
+def _map_root(parsed: Parsed) -> bool:
+    """Turn a root ``RootModel[dict[str, V]]`` (an object with only typed extra keys) into a model.
+
+    Arguments are keyword arguments, so ``Params`` must be a ``BaseModel``; its undeclared keys are
+    typed ``V`` through pydantic's ``__pydantic_extra__``. Key constraints (``propertyNames``,
+    ``min/maxProperties``) are not checked: looser, never stricter, than the schema.
+    """
+    model = next((n for n, origin in parsed.imports.items() if origin == ("pydantic", "BaseModel")), None)
+    if model is None:
+        if "BaseModel" in parsed.imports or "BaseModel" in parsed.classes:
+            return False
+        model = "BaseModel"
+        parsed.imports[model] = ("pydantic", "BaseModel")
+    for stmt in parsed.body:
+        if not isinstance(stmt, ast.ClassDef) or stmt.name != parsed.root:
+            continue
+        match stmt.bases:
+            case [ast.Subscript(value=ast.Name(id=base), slice=root_type)] if parsed.imports.get(base) == (
+                "pydantic",
+                "RootModel",
+            ):
+                pass
+            case _:
+                return False
+        root_type = _without_constraints(root_type)
+        match root_type:
+            case ast.Subscript(value=ast.Name(id="dict" | "Dict"), slice=ast.Tuple(elts=[_, value])):
+                pass
+            case _:
+                return False
+        doc = [s for s in stmt.body[:1] if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)]
+        extra = ast.AnnAssign(
+            target=ast.Name(id=EXTRA_FIELD, ctx=ast.Store()),
+            annotation=ast.Subscript(
+                value=ast.Name(id="dict", ctx=ast.Load()),
+                slice=ast.Tuple(elts=[ast.Name(id="str", ctx=ast.Load()), value], ctx=ast.Load()),
+                ctx=ast.Load(),
+            ),
+            simple=1,
+        )
+        stmt.bases = [ast.Name(id=model, ctx=ast.Load())]
+        stmt.body = [*doc, extra]
+        used = {n.id for n in ast.walk(ast.Module(body=parsed.body, type_ignores=[])) if isinstance(n, ast.Name)}
+        parsed.imports = {name: origin for name, origin in parsed.imports.items() if name in used or name == model}
+        return True
+    return False
+
+
+def _without_constraints(node: ast.expr) -> ast.expr:
+    match node:
+        case ast.Subscript(value=ast.Name(id="Annotated"), slice=ast.Tuple(elts=[inner, *_])):
+            return inner
+        case _:
+            return node
+
+
 def _fallback(side: Side) -> Parsed:
     what = "arguments" if side == "Params" else "structured result"
     doc = f"The tool's {what}; its schema could not be turned into a typed model, so any fields are accepted."
+    # Typed extra keys: every key is expected, so none is warned about as a likely typo.
     text = (
+        "from typing import Any\n"
         "from pydantic import BaseModel, ConfigDict\n"
         f"class {side}(BaseModel):\n"
         f"    {doc!r}\n"
         "    model_config = ConfigDict(extra='allow')\n"
+        f"    {EXTRA_FIELD}: dict[str, Any]\n"
     )
     parsed = parse_generated(text)
     parsed.root = side
@@ -177,7 +233,7 @@ def _side(schema: Any, side: Side, notes: list[str], fallbacks: list[Side]) -> P
         notes.extend(f"{side}: {note}" for note in generator_notes)
         parsed = parse_generated(text)
         _mark_root(parsed, marker, description)
-        if side == "Params" and not _is_base_model(parsed, parsed.root):
+        if side == "Params" and not _is_base_model(parsed, parsed.root) and not _map_root(parsed):
             raise Unsafe("the input schema does not describe an object")
     except SchemaRejected as exc:
         notes.append(f"{side}: schema rejected: {exc}; using a permissive model")
@@ -215,6 +271,15 @@ class _Renamer(ast.NodeTransformer):
         return node
 
 
+def _is_root_model(node: ast.ClassDef, imports: Mapping[str, Import]) -> bool:
+    return any(
+        isinstance(b, ast.Subscript)
+        and isinstance(b.value, ast.Name)
+        and imports.get(b.value.id) == ("pydantic", "RootModel")
+        for b in node.bases
+    )
+
+
 def _is_pydantic_model(node: ast.ClassDef, imports: Mapping[str, Import]) -> bool:
     for base in node.bases:
         head = base.value if isinstance(base, ast.Subscript) else base
@@ -242,6 +307,10 @@ def _configure_model(node: ast.ClassDef, imports: dict[str, Import]) -> None:
         ast.keyword(arg="protected_namespaces", value=ast.Tuple(elts=[], ctx=ast.Load())),
         ast.keyword(arg="regex_engine", value=ast.Constant(value="python-re")),
     ]
+    if not _is_root_model(node, imports):
+        # Keys the schema does not declare but allows are kept and sent (the generator's default
+        # drops them); where it forbids them, the generator already says extra='forbid'.
+        flags.append(ast.keyword(arg="extra", value=ast.Constant(value="allow")))
     for stmt in node.body:
         match stmt:
             case ast.Assign(targets=[ast.Name(id="model_config")], value=ast.Call() as call):
@@ -257,6 +326,105 @@ def _configure_model(node: ast.ClassDef, imports: dict[str, Import]) -> None:
     )
     has_doc = bool(node.body) and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
     node.body.insert(1 if has_doc else 0, config)
+
+
+# Field() keywords that constrain a value; pydantic raises TypeError (at call time, as models are
+# built lazily) when one is applied to a type that has no such constraint, e.g. Any or a model.
+_CONSTRAINTS = frozenset(
+    {
+        "allow_inf_nan",
+        "decimal_places",
+        "ge",
+        "gt",
+        "le",
+        "lt",
+        "max_digits",
+        "max_length",
+        "min_length",
+        "multiple_of",
+        "pattern",
+        "strict",
+        "unique_items",
+    }
+)
+_NUMBERS = frozenset({"int", "float"})
+_SIZED = frozenset({"str", "bytes", "list", "set", "frozenset", "dict", "tuple", "List", "Set", "Dict", "Tuple"})
+# JSON types whose pydantic default coerces ("5" -> 5, True -> 1, "yes" -> True) or converts (5 -> 5.0).
+_STRICT_PARAMS = {"int": "StrictInt", "float": "StrictInt | StrictFloat", "bool": "StrictBool"}
+_STRICT_RESULT = {"float": "int | float"}
+STRICT_TYPES = ("StrictBool", "StrictFloat", "StrictInt")
+
+
+def _members(node: ast.expr) -> list[ast.expr]:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return [*_members(node.left), *_members(node.right)]
+    return [node]
+
+
+def _constrainable(node: ast.expr) -> bool:
+    """Whether pydantic can apply Field constraints to this type (None aside)."""
+    members = [m for m in _members(node) if not (isinstance(m, ast.Constant) and m.value is None)]
+    names = [m.value if isinstance(m, ast.Subscript) else m for m in members]
+    ids = [n.id for n in names if isinstance(n, ast.Name)]
+    if len(ids) != len(members):
+        return False
+    return (len(ids) == 1 and ids[0] in _SIZED | _NUMBERS) or (bool(ids) and set(ids) <= _NUMBERS)
+
+
+class _Faithful(ast.NodeTransformer):
+    """Types that accept what the schema accepts and keep it as it is (DESIGN.md §5)."""
+
+    def __init__(self, strict: Mapping[str, str]) -> None:
+        self.strict = strict
+        self.used: set[str] = set()
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.expr:
+        match node:
+            case ast.Subscript(value=ast.Name(id="Literal")):
+                return node
+            case ast.Subscript(value=ast.Name(id="Annotated"), slice=ast.Tuple(elts=[inner, *metadata])):
+                if not _constrainable(inner):
+                    for meta in metadata:
+                        if isinstance(meta, ast.Call):
+                            meta.keywords = [k for k in meta.keywords if k.arg not in _CONSTRAINTS]
+            case _:
+                pass
+        self.generic_visit(node)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.Call:
+        # Field(...) arguments are values, not types.
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        replacement = self.strict.get(node.id)
+        if replacement is None or not isinstance(node.ctx, ast.Load):
+            return node
+        self.used.update(n for n in STRICT_TYPES if n in replacement)
+        return ast.parse(replacement, mode="eval").body
+
+
+def _faithful_types(node: ast.ClassDef, side: Side) -> set[str]:
+    """Rewrite the types of one class in place; returns the strict pydantic types it now uses."""
+    rewriter = _Faithful(_STRICT_PARAMS if side == "Params" else _STRICT_RESULT)
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign):
+            stmt.annotation = rewriter.visit(stmt.annotation)
+    node.bases = [rewriter.visit(base) for base in node.bases]
+    return rewriter.used
+
+
+def _typed_extras_note(source: str) -> str:
+    """Mark pydantic's way of typing extra keys as intended for type checkers of the generated code.
+
+    ``BaseModel`` declares ``__pydantic_extra__: dict[str, Any] | None``; narrowing it is how pydantic
+    documents typed extras, and what a checker reports as an incompatible override.
+    """
+    prefix = f"    {EXTRA_FIELD}: "
+    return "\n".join(
+        f"{line}  # pyright: ignore[reportIncompatibleVariableOverride]" if line.startswith(prefix) else line
+        for line in source.split("\n")
+    )
 
 
 def _free(name: str, taken: set[str]) -> str:
@@ -317,24 +485,30 @@ def generate_tool_models(
         # Every model gets a model_config (see _configure_model); generated classes must not shadow it.
         imports["ConfigDict" if "ConfigDict" not in imports else "_ConfigDict"] = ("pydantic", "ConfigDict")
     taken = {*imports, *reserved, *(b for b in dir(builtins) if not b.startswith("_")), "Params", "Result"}
+    # Strict types are imported only when used, so their names are kept free up front.
+    taken.update(STRICT_TYPES)
     params_names = {params.root: "Params"}
     for name in params.classes:
         if name != params.root:
             params_names[name] = _free(name, taken)
-    parts = [(params, params_names)]
+    parts: list[tuple[Side, Parsed, dict[str, str]]] = [("Params", params, params_names)]
     if result is not None:
         result_names = {result.root: "Result"}
         for name in result.classes:
             if name != result.root:
                 result_names[name] = _free(f"Result{name}", taken)
-        parts.append((result, result_names))
+        parts.append(("Result", result, result_names))
 
     classes: list[str] = []
-    for parsed, mapping in parts:
+    strict: set[str] = set()
+    for side, parsed, mapping in parts:
         renamer = _Renamer(mapping, parsed.forward_refs)
         for stmt in parsed.body:
             stmt = renamer.visit(stmt)
             if isinstance(stmt, ast.ClassDef) and _is_pydantic_model(stmt, imports):
+                strict |= _faithful_types(stmt, side)
                 _configure_model(stmt, imports)
-            classes.append(ast.unparse(stmt))
+            classes.append(_typed_extras_note(ast.unparse(stmt)))
+    for name in sorted(strict):
+        imports[name] = ("pydantic", name)
     return ToolModels(imports, classes, result is not None, fallbacks, notes)

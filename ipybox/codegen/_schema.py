@@ -6,6 +6,19 @@ such as ``customTypePath`` could otherwise name arbitrary imports), drops ``$ref
 anywhere but into the schema itself (nothing is ever fetched or read from disk), drops references
 that do not resolve and patterns that do not compile, and refuses schemas too large or deep to
 process quickly. ``title`` is dropped too: it only adds ``Field(title=...)`` noise to the models.
+
+It also rewrites what the generator would turn into a stricter check than the schema's, so that a
+model never rejects or alters what the tool accepts (DESIGN.md §5):
+
+- ``format`` is an annotation (JSON Schema's default): it moves into the description, so no field
+  becomes a ``datetime``, ``UUID`` or pattern-checked hostname that rejects or rewrites strings.
+- ``unevaluatedProperties``/``unevaluatedItems`` become ``additional*`` only where nothing else
+  evaluates (no applicators next to them); otherwise they are dropped.
+- draft-7 tuples (``items: [...]``) become ``prefixItems``, with ``additionalItems`` as ``items``.
+- ``patternProperties`` become a loose ``additionalProperties``: a key that matches no declared name
+  must satisfy one of the pattern schemas or the ``additionalProperties`` schema (keys are not checked).
+- A property that is not required and whose schema admits ``null`` is marked ``NULLABLE_KEY``, which
+  the generator copies into the field; at call time ``None`` is sent as ``null`` only for those.
 """
 
 from __future__ import annotations
@@ -15,7 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-__all__ = ("SchemaRejected", "clean_schema")
+# The marker of an optional property whose schema admits null; the kernel's runtime reads it.
+from ipybox_kernel._arguments import NULLABLE_KEY
+
+__all__ = ("NULLABLE_KEY", "SchemaRejected", "clean_schema")
+
 
 # Real tool schemas are a few KiB; these bounds keep a hostile one from stalling generation.
 MAX_SCHEMA_NODES = 20_000
@@ -55,7 +72,6 @@ _VALUE_KEYS = frozenset(
         "examples",
         "exclusiveMaximum",
         "exclusiveMinimum",
-        "format",
         "maxItems",
         "maxLength",
         "maxProperties",
@@ -69,6 +85,7 @@ _VALUE_KEYS = frozenset(
         "pattern",
         "readOnly",
         "required",
+        "$schema",
         "type",
         "uniqueItems",
         "writeOnly",
@@ -96,6 +113,11 @@ class _Cleaner:
     root: Mapping[str, Any]
     notes: list[str] = field(default_factory=list[str])
 
+    @property
+    def draft7(self) -> bool:
+        dialect = self.root.get("$schema")
+        return isinstance(dialect, str) and any(f"draft-0{n}/" in dialect for n in (4, 6, 7))
+
     def schema(self, node: Any, where: str) -> Any:
         if isinstance(node, bool):
             return node
@@ -114,16 +136,27 @@ class _Cleaner:
                     self.notes.append(f"{where}: $ref {value!r} ignored (only refs into the schema are used)")
             elif key in _SCHEMA_KEYS:
                 if key == "items" and items is not None:
-                    out[key] = [self.schema(v, here) for v in items]
+                    # Draft 7 tuple: the same as 2020-12's prefixItems.
+                    out["prefixItems"] = [self.schema(v, here) for v in items]
                 else:
                     out[key] = self.schema(value, here)
+            elif key == "format":
+                if isinstance(value, str):
+                    out[key] = value
             elif key in _SCHEMA_LIST_KEYS:
                 if items is not None:
                     out[key] = [self.schema(v, here) for v in items]
+                if key != "prefixItems" and False in out.get(key, ()):
+                    # The generator cannot take a `false` branch: without it anyOf/oneOf mean the
+                    # same, and allOf checks less (never more).
+                    out[key] = [v for v in out[key] if v is not False]
+                    if not out[key]:
+                        del out[key]
             elif key == "patternProperties":
                 if entries is not None:
-                    out[key] = {k: self.schema(v, f"{here}/{k}") for k, v in entries.items() if self._regex(k, here)}
+                    out[key] = {k: self.schema(v, f"{here}/{k}") for k, v in entries.items()}
             elif key == "pattern":
+                value = _python_pattern(value)
                 if self._regex(value, where):
                     out[key] = value
             elif key in _SCHEMA_MAP_KEYS:
@@ -140,7 +173,10 @@ class _Cleaner:
         required = _sequence(out.pop("required", None))
         if required is not None:
             out["required"] = [r for r in required if isinstance(r, str)]
-        return out
+        if self.draft7 and "$ref" in out:
+            # Up to draft 7, keywords next to $ref are ignored.
+            out = {k: v for k, v in out.items() if k in _REF_SIBLINGS}
+        return _loosen(out, obj, root=where == "#")
 
     def _regex(self, pattern: Any, where: str) -> bool:
         # Generated models validate patterns with Python's re; one it cannot compile would make
@@ -153,23 +189,193 @@ class _Cleaner:
         return True
 
     def _resolves(self, ref: Any) -> bool:
-        if not isinstance(ref, str) or not ref.startswith("#"):
+        return isinstance(ref, str) and _pointer(self.root, ref) is not None
+
+
+# Keywords next to which ``unevaluated*`` means more than ``additional*``: they evaluate too.
+_APPLICATORS = frozenset(
+    {
+        "$dynamicRef",
+        "$ref",
+        "allOf",
+        "anyOf",
+        "contains",
+        "dependencies",
+        "dependentSchemas",
+        "else",
+        "if",
+        "not",
+        "oneOf",
+        "then",
+    }
+)
+
+
+# What stays next to a draft-7 $ref: the ref, annotations, and definitions other refs may point into.
+_REF_SIBLINGS = frozenset({"$ref", "description", "$defs", "definitions", "$schema"})
+# Keywords that only constrain values of one JSON type; the generator takes them as that type.
+_OBJECT_KEYWORDS = frozenset(
+    {
+        "additionalProperties",
+        "dependencies",
+        "dependentRequired",
+        "dependentSchemas",
+        "maxProperties",
+        "minProperties",
+        "properties",
+        "propertyNames",
+        "required",
+    }
+)
+_ARRAY_KEYWORDS = frozenset(
+    {"contains", "items", "maxContains", "maxItems", "minContains", "minItems", "prefixItems", "uniqueItems"}
+)
+_ANY_OTHER = ["string", "number", "boolean", "null"]
+
+
+def _typeless(out: dict[str, Any]) -> dict[str, Any]:
+    """A schema without ``type`` whose keywords are for objects or arrays also admits every other type.
+
+    The generator would type it from its keywords (``{"items": ...}`` as a list), rejecting the
+    rest; so each family becomes one typed branch of an ``anyOf``, next to the other types.
+    """
+    if "type" in out or "enum" in out or "const" in out:
+        return out
+    objects = {k: out[k] for k in _OBJECT_KEYWORDS if k in out}
+    arrays = {k: out[k] for k in _ARRAY_KEYWORDS if k in out}
+    if (not objects and not arrays) or any(k in out for k in ("allOf", "anyOf", "oneOf", "$ref")):
+        # With composition the generator's own inference stays: an extra union would only be merged
+        # into its branches in ways that are hard to predict.
+        return out
+    rest = {k: v for k, v in out.items() if k not in objects and k not in arrays}
+    branches: list[Any] = []
+    branches.append({"type": "object", **objects} if objects else {"type": "object"})
+    branches.append({"type": "array", **arrays} if arrays else {"type": "array"})
+    branches.append({"type": _ANY_OTHER})
+    if "anyOf" in rest:
+        # Keep the schema's own anyOf: both must hold.
+        return {
+            **{k: v for k, v in rest.items() if k != "anyOf"},
+            "allOf": [{"anyOf": rest["anyOf"]}, {"anyOf": branches}],
+        }
+    return {**rest, "anyOf": branches}
+
+
+def _loosen(out: dict[str, Any], original: Mapping[str, Any], *, root: bool) -> dict[str, Any]:
+    """Rewrite keywords the generator would check more strictly than JSON Schema (module docstring)."""
+    form = out.pop("format", None)
+    if form is not None:
+        description = out.get("description")
+        note = f"Format: {form}."
+        out["description"] = f"{description} ({note})" if isinstance(description, str) and description else note
+    items = out.pop("additionalItems", None)
+    if "prefixItems" in out and isinstance(original.get("items"), list) and items is not None:
+        out["items"] = items
+    applied = any(key in out for key in _APPLICATORS)
+    unevaluated = out.pop("unevaluatedItems", None)
+    if unevaluated is not None and not applied and "items" not in out:
+        out["items"] = unevaluated
+    unevaluated = out.pop("unevaluatedProperties", None)
+    if unevaluated is not None and not applied and "additionalProperties" not in out:
+        out["additionalProperties"] = unevaluated
+    patterns = _mapping(out.pop("patternProperties", None))
+    if patterns:
+        options = [o for o in [*patterns.values(), out.get("additionalProperties", True)] if o is not False]
+        if any(o is True or o == {} for o in options):
+            # {} rather than true: keys the patterns declare are expected, not typos to warn about.
+            out["additionalProperties"] = {}
+        else:
+            out["additionalProperties"] = {"anyOf": options} if options else False
+    # The root is an object whatever it says (tool arguments); elsewhere keep every type it admits.
+    return out if root else _typeless(out)
+
+
+def _admits_null(node: Any, root: Mapping[str, Any], seen: frozenset[str] = frozenset()) -> bool:
+    """Whether `node` (a cleaned subschema) may be ``null``; a reference cycle counts as not."""
+    if isinstance(node, bool):
+        return node
+    obj = _mapping(node)
+    if obj is None:
+        return True
+    ref = obj.get("$ref")
+    if isinstance(ref, str):
+        if ref in seen:
             return False
-        if ref == "#":
-            return True
-        if not ref.startswith("#/"):
+        target = _pointer(root, ref)
+        if target is not None and not _admits_null(target, root, seen | {ref}):
             return False
-        node: Any = self.root
-        for raw in ref[2:].split("/"):
-            part = raw.replace("~1", "/").replace("~0", "~")
-            obj, items = _mapping(node), _sequence(node)
-            if obj is not None and part in obj:
-                node = obj[part]
-            elif items is not None and part.isdigit() and int(part) < len(items):
-                node = items[int(part)]
-            else:
-                return False
-        return isinstance(node, bool) or _mapping(node) is not None
+    if obj.get("nullable") is True:
+        return True
+    kind = obj.get("type")
+    if isinstance(kind, str) and kind != "null":
+        return False
+    if isinstance(kind, list) and "null" not in kind:
+        return False
+    enum = _sequence(obj.get("enum"))
+    if enum is not None and None not in enum:
+        return False
+    if "const" in obj and obj["const"] is not None:
+        return False
+    for key in ("allOf",):
+        if any(not _admits_null(sub, root, seen) for sub in _sequence(obj.get(key)) or []):
+            return False
+    for key in ("anyOf", "oneOf"):
+        options = _sequence(obj.get(key))
+        if options is not None and not any(_admits_null(sub, root, seen) for sub in options):
+            return False
+    return True
+
+
+def _pointer(root: Mapping[str, Any], ref: str) -> Any | None:
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node: Any = root
+    for raw in ref[2:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        obj, items = _mapping(node), _sequence(node)
+        if obj is not None and part in obj:
+            node = obj[part]
+        elif items is not None and part.isdigit() and int(part) < len(items):
+            node = items[int(part)]
+        else:
+            return None
+    return node if isinstance(node, bool) or _mapping(node) is not None else None
+
+
+def _mark_nullable(node: Any, root: Mapping[str, Any], depth: int = 0) -> None:
+    """Mark every optional property whose schema admits null with `NULLABLE_KEY` (in place)."""
+    if depth > MAX_SCHEMA_DEPTH or not isinstance(node, dict):
+        return
+    obj = cast("dict[str, Any]", node)
+    properties = obj.get("properties")
+    if isinstance(properties, dict):
+        required = set(_sequence(obj.get("required")) or [])
+        for name, sub in list(cast("dict[str, Any]", properties).items()):
+            if name not in required and _admits_null(sub, root):
+                properties[name] = {NULLABLE_KEY: True} if isinstance(sub, bool) else {**sub, NULLABLE_KEY: True}
+    for key, value in obj.items():
+        if key in _SCHEMA_KEYS:
+            _mark_nullable(value, root, depth + 1)
+        elif key in _SCHEMA_LIST_KEYS and isinstance(value, list):
+            for sub in cast("list[Any]", value):
+                _mark_nullable(sub, root, depth + 1)
+        elif (key in _SCHEMA_MAP_KEYS or key == "dependencies") and isinstance(value, dict):
+            for sub in cast("dict[str, Any]", value).values():
+                _mark_nullable(sub, root, depth + 1)
+
+
+# ECMAScript's named groups and backreferences, which Python spells (?P<name>...) and (?P=name).
+_NAMED_GROUP = re.compile(r"(?<!\\)\(\?<(?=[A-Za-z_])")
+_NAMED_BACKREF = re.compile(r"\\k<([A-Za-z_][A-Za-z0-9_]*)>")
+
+
+def _python_pattern(pattern: Any) -> Any:
+    """An ECMAScript pattern in Python's syntax where the two differ only in spelling."""
+    if not isinstance(pattern, str):
+        return pattern
+    return _NAMED_BACKREF.sub(r"(?P=\1)", _NAMED_GROUP.sub("(?P<", pattern))
 
 
 def _check_size(schema: Any) -> None:
@@ -212,4 +418,6 @@ def clean_schema(schema: Any) -> tuple[dict[str, Any], list[str]]:
     cleaned = first.schema(root, "#")
     # Refs may point into parts the first pass dropped; resolve them again against the result.
     second = _Cleaner(cleaned)
-    return second.schema(cleaned, "#"), first.notes + second.notes
+    result = second.schema(cleaned, "#")
+    _mark_nullable(result, result)
+    return result, first.notes + second.notes

@@ -128,7 +128,7 @@ def _tool_module(server_name: str, tool: mcp_types.Tool, models: ToolModels) -> 
         "Call run(Params(...)) or run({...}); in async code, await arun(...)."
     )
     module_doc = "\n\n".join(part for part in (title, description, about) if part)
-    returns = "Result" if models.has_result else "str"
+    returns = "Result" if models.has_result else "ipybox_kernel.ToolText"
     server, name = repr(server_name), repr(tool.name)
     # A tool that needs no arguments is called as run().
     required = (tool.input_schema or {}).get("required")
@@ -145,15 +145,14 @@ def _tool_module(server_name: str, tool: mcp_types.Tool, models: ToolModels) -> 
         f"def run({param}) -> {returns}:\n"
         f"    {run_doc}\n"
         f"    output = ipybox_kernel.call_tool({server}, {name}, _arguments(params))\n"
-        f"    return {'_result(output)' if models.has_result else 'output.text'}",
+        f"    return {'_result(output)' if models.has_result else 'ipybox_kernel.ToolText.of(output)'}",
         f"async def arun({param}) -> {returns}:\n"
         f"    {arun_doc}\n"
         f"    output = await ipybox_kernel.acall_tool({server}, {name}, _arguments(params))\n"
-        f"    return {'_result(output)' if models.has_result else 'output.text'}",
+        f"    return {'_result(output)' if models.has_result else 'ipybox_kernel.ToolText.of(output)'}",
         "def _arguments(params: Params | dict[str, Any] | None) -> dict[str, Any]:\n"
-        "    # Send only what the caller set: defaults stay with the server, explicit None is sent as null.\n"
-        "    model = params if isinstance(params, Params) else Params.model_validate(params or {})\n"
-        "    return model.model_dump(mode='json', by_alias=True, exclude_unset=True)",
+        "    # Only what the caller set, as given; None is sent only where the schema admits null.\n"
+        f"    return ipybox_kernel.tool_arguments(Params, params, tool={name})",
     ]
     if models.has_result:
         parts.append(

@@ -15,6 +15,7 @@ import and call them::
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,12 +42,39 @@ def _load_server(package_dir: Path, only: Sequence[str] | None) -> Server | None
         raise UsageError(f"{exc.filename!r} is not valid Python ({exc.msg}); generate its server again") from None
 
 
+# Generated models use pydantic's strict types so that "5" is not sent as 5; to a reader they are
+# the plain types, and ``ipybox_kernel.ToolText`` is a str with the result's content items.
+_PLAIN = {"StrictInt": "int", "StrictFloat": "float", "StrictBool": "bool"}
+
+
+class _Plain(ast.NodeTransformer):
+    def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+        # A JSON number is an int or a float; to a Python reader (PEP 484's numeric tower) a float.
+        if ast.unparse(node) in ("StrictInt | StrictFloat", "int | float"):
+            return ast.Name(id="float", ctx=ast.Load())
+        self.generic_visit(node)
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.Name:
+        return ast.Name(id=_PLAIN.get(node.id, node.id), ctx=node.ctx)
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.expr:
+        if ast.unparse(node) == "ipybox_kernel.ToolText":
+            return ast.Name(id="ToolText", ctx=ast.Load())
+        return node
+
+
+def _plain(node: ast.expr) -> ast.expr:
+    return _Plain().visit(copy.deepcopy(node))
+
+
 def _cut(node: ast.expr) -> str:
     """Source of `node`, shortened to about `EXPRESSION_LIMIT` while staying valid Python.
 
     Long ``Literal[...]`` types keep their first values and end in ``...``; any other long
     expression becomes ``...``.
     """
+    node = _plain(node)
     text = ast.unparse(node)
     if len(text) <= EXPRESSION_LIMIT:
         return text
@@ -125,7 +153,7 @@ def _render_tool(tool: Tool) -> list[str]:
     for stmt in tool.tree.body:
         if isinstance(stmt, ast.ClassDef):
             lines.extend(_render_class(stmt, "    "))
-    returns = ast.unparse(run.returns) if run.returns is not None else "str"
+    returns = ast.unparse(_plain(run.returns)) if run.returns is not None else "str"
     optional = bool(run.args.defaults)
     lines.append(f"    def run(params: Params{' = Params()' if optional else ''}) -> {returns}: ...")
     return lines
@@ -190,7 +218,8 @@ def render_tool_stubs(
             f"# MCP server {comment_text(repr(server.name), limit=100)}: one module per tool, "
             f"`from {root.resolve().name}.{server.package} import <tool>`; "
             "call `<tool>.run(<tool>.Params(...))` (or pass a dict), `await <tool>.arun(...)` in async code. "
-            "Params and Result are pydantic models."
+            "Params and Result are pydantic models; None for an optional field means not given. "
+            "ToolText is the tool's text as a str, with every content item (images too) in .content."
         ]
         for tool in server.tools:
             lines.extend(_render_tool(tool))

@@ -1,0 +1,198 @@
+"""Tool arguments from a generated ``Params`` model: what the generated modules' ``_arguments`` calls.
+
+The contract (DESIGN.md §5): what the tool accepts is never rejected, and it is sent as given.
+
+- Only what the caller set is sent; the server keeps its own defaults.
+- ``None`` for an optional property means "not given" and is left out, unless the property's schema
+  admits ``null`` (code generation marks those fields with `NULLABLE_KEY`); then it is sent as null.
+- Keys the schema does not declare: refused with the closest declared key named when the schema
+  forbids them (``additionalProperties: false``); otherwise sent as given, with a warning naming the
+  closest declared key, since an undeclared key is most often a typo that the server would ignore.
+
+Imported only by generated modules, which import pydantic anyway; ``import ipybox_kernel`` alone stays
+standard library only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from collections.abc import Mapping
+from typing import Any, cast, get_args
+
+from pydantic import BaseModel, RootModel, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+__all__ = ("NULLABLE_KEY", "UndeclaredArgumentWarning", "tool_arguments")
+
+NULLABLE_KEY = "x-ipybox-nullable"
+"""``json_schema_extra`` key of fields whose schema admits null, though they are optional."""
+
+_EXTRA_FIELD = "__pydantic_extra__"
+
+
+class UndeclaredArgumentWarning(UserWarning):
+    """An argument the tool's schema does not declare (but allows) is sent; often a misspelled name."""
+
+
+def tool_arguments(
+    model: type[BaseModel], params: BaseModel | Mapping[str, Any] | None, *, tool: str
+) -> dict[str, Any]:
+    """Validate ``params`` with ``model`` and return the arguments to send, as JSON data.
+
+    Args:
+        model: The tool module's ``Params``.
+        params: A ``Params`` instance, a dict of arguments, or None for no arguments.
+        tool: The tool's name, for warnings.
+
+    Raises:
+        pydantic.ValidationError: ``params`` does not fit the tool's schema; an undeclared key in an
+            object that forbids them names the closest declared key.
+    """
+    if isinstance(params, model):
+        validated = params
+    else:
+        try:
+            validated = model.model_validate({} if params is None else params)
+        except ValidationError as exc:
+            raise _suggesting(exc, model) from None
+    undeclared: list[str] = []
+    _find_undeclared(validated, (), undeclared)
+    for where in undeclared:
+        # Points at the caller of the module's run(), i.e. the line of code with the typo.
+        warnings.warn(
+            f"tool {tool!r}: {where}; it is sent to the server as given", UndeclaredArgumentWarning, stacklevel=4
+        )
+    exclude = _unset_nones(validated)
+    return validated.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude=exclude or None)
+
+
+def _nullable(model: type[BaseModel], name: str) -> bool:
+    info = model.model_fields[name]
+    extra = info.json_schema_extra
+    marks = cast("dict[str, Any]", extra) if isinstance(extra, dict) else {}
+    return info.is_required() or marks.get(NULLABLE_KEY) is True
+
+
+def _unset_nones(value: Any) -> dict[Any, Any]:
+    """The ``exclude`` tree for model_dump: every None the caller set where it means "not given"."""
+    if isinstance(value, RootModel):
+        return _unset_nones(value.root)  # pyright: ignore[reportUnknownMemberType]
+    if isinstance(value, BaseModel):
+        cls = type(value)
+        out: dict[Any, Any] = {}
+        for name in value.model_fields_set:
+            if name not in cls.model_fields:
+                continue
+            item = getattr(value, name)
+            if item is None and not _nullable(cls, name):
+                out[name] = True
+            elif inner := _unset_nones(item):
+                out[name] = inner
+        for key, item in (value.__pydantic_extra__ or {}).items():
+            if inner := _unset_nones(item):
+                out[key] = inner
+        return out
+    if isinstance(value, list | tuple):
+        items: list[Any] | tuple[Any, ...] = value  # pyright: ignore[reportUnknownVariableType]
+        return {i: inner for i, item in enumerate(items) if (inner := _unset_nones(item))}
+    if isinstance(value, dict):
+        entries: dict[Any, Any] = value  # pyright: ignore[reportUnknownVariableType]
+        return {k: inner for k, item in entries.items() if (inner := _unset_nones(item))}
+    return {}
+
+
+def _declared(model: type[BaseModel]) -> list[str]:
+    return [info.alias or name for name, info in model.model_fields.items()]
+
+
+def _closest(key: str, declared: list[str]) -> str:
+    close = difflib.get_close_matches(key, declared, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]!r}?"
+    return f"declared: {', '.join(map(repr, declared))}" if declared else "it declares no keys"
+
+
+def _where(path: tuple[Any, ...]) -> str:
+    return f" in {'.'.join(map(str, path))}" if path else ""
+
+
+def _find_undeclared(value: Any, path: tuple[Any, ...], into: list[str]) -> None:
+    if isinstance(value, RootModel):
+        _find_undeclared(value.root, path, into)  # pyright: ignore[reportUnknownMemberType]
+    elif isinstance(value, BaseModel):
+        cls = type(value)
+        extra = value.__pydantic_extra__ or {}
+        # A schema that types its extra keys (additionalProperties: {...}) expects them: no warning.
+        typed = _EXTRA_FIELD in getattr(cls, "__annotations__", {})
+        into.extend(
+            f"{key!r}{_where(path)} is not an argument the tool declares ({_closest(key, _declared(cls))})"
+            for key in (extra if not typed else ())
+        )
+        for name in value.model_fields_set:
+            if name in cls.model_fields:
+                _find_undeclared(getattr(value, name), (*path, cls.model_fields[name].alias or name), into)
+    elif isinstance(value, list | tuple):
+        items: list[Any] | tuple[Any, ...] = value  # pyright: ignore[reportUnknownVariableType]
+        for i, item in enumerate(items):
+            _find_undeclared(item, (*path, i), into)
+    elif isinstance(value, dict):
+        entries: dict[Any, Any] = value  # pyright: ignore[reportUnknownVariableType]
+        for k, item in entries.items():
+            _find_undeclared(item, (*path, k), into)
+
+
+def _models_in(annotation: Any, into: list[type[BaseModel]], depth: int = 0) -> None:
+    if depth > 8:
+        return
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if issubclass(annotation, RootModel):
+            _models_in(annotation.model_fields["root"].annotation, into, depth + 1)
+        elif annotation not in into:
+            into.append(annotation)
+        return
+    for arg in get_args(annotation):
+        _models_in(arg, into, depth + 1)
+
+
+def _models_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[type[BaseModel]]:
+    """The model classes an error location may point into (best effort: unions give several)."""
+    current: list[type[BaseModel]] = [model]
+    for part in path:
+        found: list[type[BaseModel]] = []
+        for cls in current:
+            for name, info in cls.model_fields.items():
+                if part in (name, info.alias):
+                    _models_in(info.annotation, found)
+        if found:
+            current = found
+        # Otherwise the part is a list index, a dict key or a union member's tag: stay.
+    return current
+
+
+def _suggesting(exc: ValidationError, model: type[BaseModel]) -> ValidationError:
+    """``exc`` with each undeclared key's error naming the closest declared key."""
+    errors = exc.errors()
+    if not any(e["type"] == "extra_forbidden" for e in errors):
+        return exc
+    details: list[InitErrorDetails] = []
+    notes: list[str] = []
+    for error in errors:
+        loc = error["loc"]
+        if error["type"] == "extra_forbidden" and loc:
+            declared = sorted({k for cls in _models_at(model, loc[:-1]) for k in _declared(cls)})
+            message = (
+                f"not an argument the tool declares, and it accepts no others ({_closest(str(loc[-1]), declared)})"
+            )
+            notes.append(f"{'.'.join(map(str, loc))}: {message}")
+            kind = PydanticCustomError("extra_forbidden", "{message}", {"message": message})
+            details.append({"type": kind, "loc": loc, "input": error["input"]})
+        else:
+            details.append({"type": error["type"], "loc": loc, "input": error["input"], "ctx": error.get("ctx", {})})
+    try:
+        return ValidationError.from_exception_data(exc.title, details)
+    except (KeyError, TypeError, ValueError):
+        # An error type that cannot be rebuilt: keep the original, with the suggestions as notes.
+        for note in notes:
+            exc.add_note(note)
+        return exc

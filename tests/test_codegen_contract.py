@@ -1,0 +1,335 @@
+"""The contract of generated tool modules (DESIGN.md §5): what the tool accepts is accepted and sent as
+given, None means "not given", undeclared keys are never dropped, every content item is returned.
+
+Against real servers (server-filesystem, server-everything, in a sandboxed kernel) for what model
+code meets most, and in-process for the JSON-Schema-Test-Suite's problem shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+import warnings
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp.types as mcp_types
+import pytest
+from codegen_support import EVERYTHING_BIN, EVERYTHING_MISSING, SUBPROCESS_TIMEOUT, everything_params, load_package
+from pydantic import ValidationError
+
+from ipybox import CodeExecutor
+from ipybox.codegen._codegen import generate_package
+from ipybox.codegen._modelgen import warm_up
+from ipybox.codegen._sources import build_package_sources
+from ipybox_kernel import ImageContent, TextContent, ToolText, UndeclaredArgumentWarning
+
+REPO = Path(__file__).resolve().parents[1]
+FILESYSTEM_BIN = REPO / "node_modules" / ".bin" / "mcp-server-filesystem"
+
+pytestmark = pytest.mark.anyio
+
+
+# ------------------------------------------------------------------------------------ real servers
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def servers(tmp_path_factory: pytest.TempPathFactory) -> AsyncGenerator[tuple[Path, Path]]:
+    """Generated packages of server-filesystem (allowed: a directory with one file) and server-everything."""
+    if not FILESYSTEM_BIN.exists() or not EVERYTHING_BIN.exists():
+        pytest.skip(EVERYTHING_MISSING)
+    base = tmp_path_factory.mktemp("contract")
+    files = base / "files"
+    files.mkdir()
+    (files / "notes.txt").write_text("one\ntwo\nthree\n")
+    root = base / "mcptools"
+    await anyio.to_thread.run_sync(warm_up)
+    await generate_package("filesystem", {"command": str(FILESYSTEM_BIN), "args": [str(files)]}, root)
+    await generate_package("everything", everything_params(), root)
+    yield root, files / "notes.txt"
+
+
+async def execute(code: str, root: Path) -> Any:
+    workspace = root.parent / f"workspace-{uuid.uuid4().hex[:8]}"
+    workspace.mkdir()
+    with anyio.fail_after(SUBPROCESS_TIMEOUT):
+        async with CodeExecutor(workspace=workspace, tools_dir=root, approval="auto") as executor:
+            return await executor.execute(code)
+
+
+async def test_none_for_an_optional_number_is_not_sent_so_server_filesystem_reads_the_file(
+    servers: tuple[Path, Path],
+) -> None:
+    root, notes = servers
+    code = f"""
+import json
+from mcptools.filesystem import read_text_file
+print(json.dumps([read_text_file.run({{"path": {str(notes)!r}, "head": None}}).content,
+                  read_text_file.run(read_text_file.Params(path={str(notes)!r}, head=1, tail=None)).content]))
+"""
+    # server-filesystem answers null with "expected number, received null at head".
+    result = await execute(code, root)
+    whole, first = json.loads(result.text.strip().splitlines()[-1])
+    assert whole == "one\ntwo\nthree\n" and first.strip() == "one"
+
+
+async def test_a_misspelled_argument_is_sent_with_a_warning_naming_the_closest_declared_one(
+    servers: tuple[Path, Path],
+) -> None:
+    root, notes = servers
+    code = f"""
+from mcptools.filesystem import read_text_file
+print(repr(read_text_file._arguments({{"path": {str(notes)!r}, "heda": 1}})))
+print(repr(read_text_file.run({{"path": {str(notes)!r}, "heda": 1}}).content))
+"""
+    text = (await execute(code, root)).text
+    assert "'heda' is not an argument the tool declares (did you mean 'head'?)" in text
+    assert "UndeclaredArgumentWarning" in text
+    # Sent as given (the schema allows it); the server ignores a key it does not know.
+    assert f"{{'path': {str(notes)!r}, 'heda': 1}}" in text and "'one\\ntwo\\nthree\\n'" in text
+
+
+async def test_an_image_tool_returns_its_image_typed_and_displays_it(servers: tuple[Path, Path]) -> None:
+    root, _ = servers
+    code = """
+import json
+from mcptools.everything import get_tiny_image
+shot = get_tiny_image.run()
+image = shot.images[0]
+print(json.dumps([isinstance(shot, str), [type(c).__name__ for c in shot.content], image.mime_type,
+                  image.bytes()[:4].hex(), "ImageContent(mime_type='image/png')" in repr(shot)]))
+"""
+    result = await execute(code, root)
+    is_str, kinds, mime, magic, listed = json.loads(result.text.strip().splitlines()[-1])
+    assert is_str and "ImageContent" in kinds and "TextContent" in kinds
+    assert mime == "image/png" and magic == "89504e47" and listed
+    assert [image.mime for image in result.images] == ["image/png"]
+
+
+async def test_text_only_results_stay_plain_strings(servers: tuple[Path, Path]) -> None:
+    root, _ = servers
+    echo = load_package(root, "everything")["echo"]
+    assert echo.run.__annotations__["return"] == "ipybox_kernel.ToolText"
+    code = """
+from mcptools.everything import echo
+said = echo.run({"message": "hi"})
+print(said == "Echo: hi", said.upper(), repr(said))
+"""
+    assert (await execute(code, root)).text.strip() == "True ECHO: HI 'Echo: hi'"
+
+
+# --------------------------------------------------------------------------------- suite shapes
+
+
+def tool_module(tmp_path: Path, schema: dict[str, Any], output: dict[str, Any] | None = None) -> ModuleType:
+    """The generated module of one tool with this input (and output) schema, imported."""
+    tool = mcp_types.Tool(name="t", input_schema=schema, output_schema=output)
+    sources = build_package_sources("shapes", [tool])
+    assert all(not t.fallbacks for t in sources.tools), sources.tools
+    root = tmp_path / f"pkg{uuid.uuid4().hex[:8]}"
+    (root / sources.package).mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    for name, text in sources.files.items():
+        (root / sources.package / name).write_text(text)
+    return load_package(root, sources.package)["t"]
+
+
+def sent(module: ModuleType, arguments: dict[str, Any], *, warn: bool = False) -> Any:
+    """What the module sends; an `UndeclaredArgumentWarning` fails unless ``warn``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore" if warn else "error", UndeclaredArgumentWarning)
+        return module._arguments(arguments)
+
+
+def wrapped(schema: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": {"x": schema}, "required": ["x"]}
+
+
+@pytest.mark.parametrize(
+    ("schema", "valid"),
+    [
+        pytest.param({"format": "hostname"}, [12, "-a-host-name-that-starts-with--"], id="typeless hostname"),
+        pytest.param(
+            {"allOf": [{"multipleOf": 2}], "anyOf": [{"multipleOf": 3}], "oneOf": [{"multipleOf": 5}]},
+            [30],
+            id="multipleOf in allOf/anyOf/oneOf",
+        ),
+        pytest.param(
+            {"type": "array", "items": [{"type": "integer"}]}, [[1, "foo", False]], id="draft-7 tuple, extra items"
+        ),
+        pytest.param(
+            {
+                "prefixItems": [{"const": "foo"}],
+                "anyOf": [{"prefixItems": [True, {"const": "bar"}]}],
+                "unevaluatedItems": False,
+            },
+            [["foo", "bar"]],
+            id="unevaluatedItems next to anyOf",
+        ),
+        pytest.param(
+            {
+                "type": "object",
+                "properties": {"foo": {"type": "string"}},
+                "allOf": [{"patternProperties": {"^bar": {"type": "string"}}}],
+                "unevaluatedProperties": False,
+            },
+            [{"foo": "foo", "bar": "bar"}],
+            id="unevaluatedProperties next to allOf",
+        ),
+        pytest.param(
+            {"type": "object", "patternProperties": {"^x-": {"type": "string"}}}, [{"other": 1}], id="pattern-keyed map"
+        ),
+        pytest.param(
+            {"type": "string", "format": "date-time"},
+            ["2024-01-15T14:30:25.123456789+01:00", "1998-12-31T23:59:60Z", "not a date"],
+            id="date-time sent as written",
+        ),
+        pytest.param({"type": "string", "format": "duration"}, ["P1M"], id="duration sent as written"),
+        pytest.param({"type": "string", "format": "uuid"}, ["not-a-uuid"], id="uuid is an annotation"),
+        pytest.param({"type": "number"}, [5, 2**60 + 1, 0.5], id="number keeps int or float"),
+    ],
+)
+def test_suite_shapes_accept_valid_values_and_send_them_unchanged(
+    tmp_path: Path, schema: dict[str, Any], valid: list[Any]
+) -> None:
+    module = tool_module(tmp_path, wrapped(schema))
+    for value in valid:
+        # Keys an applicator evaluates (allOf's patternProperties) are not declared properties: they warn.
+        assert json.dumps(sent(module, {"x": value}, warn=True)) == json.dumps({"x": value})
+
+
+def test_a_false_branch_of_all_of_still_gets_a_typed_model_that_checks_the_rest(tmp_path: Path) -> None:
+    module = tool_module(tmp_path, wrapped({"allOf": [{"type": "integer", "minimum": 1}, False]}))
+    with pytest.raises(ValidationError):
+        module._arguments({"x": "1"})
+
+
+def test_pattern_properties_next_to_a_closed_object_accept_matching_keys(tmp_path: Path) -> None:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"foo": {}, "bar": {}},
+        "patternProperties": {"^v": {"type": "integer"}, "\\p{Letter}cole": True},
+        "additionalProperties": False,
+    }
+    module = tool_module(tmp_path, schema)
+    assert sent(module, {"foo": 1, "vroom": 2}) == {"foo": 1, "vroom": 2}
+    assert sent(module, {"l'ecole": "pas de vraie vie"}) == {"l'ecole": "pas de vraie vie"}
+
+
+def test_a_map_at_the_root_is_typed_not_permissive(tmp_path: Path) -> None:
+    module = tool_module(tmp_path, {"type": "object", "additionalProperties": {"type": "string"}})
+    assert sent(module, {"HOME": "/root", "LANG": "C"}) == {"HOME": "/root", "LANG": "C"}
+    with pytest.raises(ValidationError):
+        module._arguments({"HOME": 1})
+
+
+def test_properties_with_typed_extra_keys_check_the_extra_values(tmp_path: Path) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": {"type": "integer"}}
+    module = tool_module(tmp_path, schema)
+    assert sent(module, {"name": "a", "count": 3}) == {"name": "a", "count": 3}
+    with pytest.raises(ValidationError):
+        module._arguments({"name": "a", "count": "3"})
+
+
+def test_an_ecmascript_named_group_is_respelled_and_enforced(tmp_path: Path) -> None:
+    module = tool_module(tmp_path, wrapped({"type": "string", "pattern": "^(?<year>\\d{4})-\\d{2}$"}))
+    assert sent(module, {"x": "2024-01"}) == {"x": "2024-01"}
+    with pytest.raises(ValidationError):
+        module._arguments({"x": "24-01"})
+
+
+def test_numbers_are_not_coerced_from_strings_or_booleans(tmp_path: Path) -> None:
+    module = tool_module(
+        tmp_path,
+        {"type": "object", "properties": {"n": {"type": "number"}, "i": {"type": "integer"}, "b": {"type": "boolean"}}},
+    )
+    for bad in ({"n": "5"}, {"n": True}, {"i": "5"}, {"i": True}, {"b": "yes"}, {"b": 1}):
+        with pytest.raises(ValidationError):
+            module._arguments(bad)
+
+
+def test_none_is_left_out_unless_the_schema_admits_null(tmp_path: Path) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "head": {"type": "number"},
+            "state": {"type": "string", "enum": ["open", "closed", "all"]},
+            "sep": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": " "},
+            "cleared": {"type": ["string", "null"]},
+            "anything": {},
+            "must": {"type": ["integer", "null"]},
+            "nested": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": ["integer", "null"]}},
+            },
+        },
+        "required": ["must"],
+    }
+    module = tool_module(tmp_path, schema)
+    given = {"head": None, "state": None, "sep": None, "cleared": None, "anything": None, "must": None}
+    assert sent(module, {**given, "nested": {"a": None, "b": None}}) == {
+        "sep": None,
+        "cleared": None,
+        "anything": None,
+        "must": None,
+        "nested": {"b": None},
+    }
+    assert sent(module, {"must": 1}) == {"must": 1}
+
+
+def test_an_undeclared_key_where_the_schema_forbids_them_names_the_closest_declared_key(tmp_path: Path) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"path": {"type": "string"}, "head": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    module = tool_module(tmp_path, schema)
+    with pytest.raises(ValidationError, match=r"heda\n.*did you mean 'head'\?"):
+        module._arguments({"path": "p", "heda": 1})
+
+
+def test_an_undeclared_nested_key_warns_with_where_it_is(tmp_path: Path) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "edits": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"oldText": {"type": "string"}, "newText": {"type": "string"}},
+                },
+            }
+        },
+    }
+    module = tool_module(tmp_path, schema)
+    with pytest.warns(UndeclaredArgumentWarning, match=r"'newTxt' in edits\.0 .*did you mean 'newText'\?"):
+        assert module._arguments({"edits": [{"oldText": "a", "newTxt": "b"}]}) == {
+            "edits": [{"oldText": "a", "newTxt": "b"}]
+        }
+
+
+def test_results_keep_integers_and_every_field_the_server_sent(tmp_path: Path) -> None:
+    output = {"type": "object", "properties": {"total": {"type": "number"}, "id": {"type": "integer"}}}
+    module = tool_module(tmp_path, {"type": "object"}, output)
+    result = module.Result.model_validate({"total": 2**60 + 1, "id": 7, "extra": "kept"})
+    assert result.model_dump() == {"total": 2**60 + 1, "id": 7, "extra": "kept"}
+    assert type(result.total) is int
+
+
+def test_tool_text_is_a_str_that_survives_pickling() -> None:
+    import pickle
+
+    text = ToolText("hi", (TextContent("hi", {"type": "text", "text": "hi"}),))
+    image = ImageContent("image/png", "iVBORw0KGgo=", {"type": "image"})
+    both = ToolText("hi", (*text.content, image))
+    assert text == "hi" and repr(text) == "'hi'" and pickle.loads(pickle.dumps(both)).content == both.content
+    assert both.images == (image,) and image.bytes().startswith(b"\x89PNG")
