@@ -1,7 +1,7 @@
 """Starts the IPython kernel inside the sandbox: resource limits first, then ipykernel.
 
-Run as ``python -m ipybox_kernel._launch [--memory N] [--cpu N] [--files N] [--output N]
-[--message-bytes N] -f CONN``.
+Run as ``python -m ipybox_kernel._launch [--memory N] [--cpu N] [--files N] [--sigpending N]
+[--output N] [--message-bytes N] -f CONN``.
 The limits are set before any user code can run, hard limit equal to soft limit; without
 capabilities the kernel cannot raise them again.
 """
@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory", type=int)
     parser.add_argument("--cpu", type=int)
     parser.add_argument("--files", type=int)
+    parser.add_argument("--sigpending", type=int)
     parser.add_argument("--output", type=int)
     parser.add_argument("--message-bytes", type=int)
     # Written to once the kernel's sockets are bound (the host connects only then; see ipybox._kernel).
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     _set_limit(resource.RLIMIT_AS, ours.memory)
     _set_limit(resource.RLIMIT_CPU, ours.cpu)
     _set_limit(resource.RLIMIT_NOFILE, ours.files)
+    _set_limit(resource.RLIMIT_SIGPENDING, ours.sigpending)
 
     # ipykernel's debugger needs debugpy, whose import is a third of the kernel's start-up time, and
     # it could only listen on a network the sandbox does not have. Without it the kernel reports
