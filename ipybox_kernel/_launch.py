@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     app: Any = IPKernelApp.instance()
     try:
         _initialize(app, rest, ours.output, ours.message_bytes)
+        _explain_memory_errors(app.shell, ours.memory)
     except BaseException:
         # ipykernel may have started threads already; they would keep a half-initialized kernel
         # alive forever. Report and leave now (the host shows this output in KernelStartError).
@@ -244,6 +245,24 @@ def main(argv: list[str] | None = None) -> None:
         # User code has no business with the host's end of start-up.
         os.close(ours.ready_fd)
     app.start()
+
+
+def _explain_memory_errors(shell: Any, limit: int | None) -> None:
+    """Give a MemoryError that has no message one naming the kernel's memory limit.
+
+    Python raises a bare MemoryError when an allocation fails; here that is nearly always the
+    address-space limit the host set (``Limits.memory``), which the code cannot know of.
+    """
+    if limit is None:
+        return
+    text = f"the allocation would take this process past its memory limit ({limit / 1024**2:g} MiB, Limits.memory)"
+
+    def explain(self: Any, etype: Any, value: BaseException, tb: Any, tb_offset: Any = None) -> None:
+        if not value.args:
+            value.args = (text,)
+        self.showtraceback((etype, value, tb), tb_offset=tb_offset)
+
+    shell.set_custom_exc((MemoryError,), explain)
 
 
 def _workspace_last() -> None:

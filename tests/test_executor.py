@@ -320,6 +320,11 @@ async def test_the_memory_limit_turns_a_memory_bomb_into_memory_error(workspace:
         with pytest.raises(CodeExecutionError) as info:
             await ex.execute("block = bytearray(2 * 1024**3)")
         assert info.value.ename == "MemoryError"
+        # Python's own MemoryError says nothing; this one names the limit.
+        assert (
+            info.value.evalue
+            == "the allocation would take this process past its memory limit (1024 MiB, Limits.memory)"
+        )
         assert (await ex.execute("len(bytearray(10 * 1024**2))")).text == f"{10 * 1024**2}\n"
 
 

@@ -16,6 +16,7 @@ and to the command, and children inherit it.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import platform
 import socket
@@ -162,6 +163,7 @@ class _Program:
         return bytes(out)
 
 
+@functools.cache
 def syscall_filter(machine: str | None = None) -> bytes | None:
     """The filter program for this machine, or None where ipybox has no syscall table for it.
 
