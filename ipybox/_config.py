@@ -73,16 +73,21 @@ class Timeouts:
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
-    """Resource limits of the kernel process and of what one execution may return.
+    """Resource limits of the kernel's sandbox and of what one execution may return.
 
     Attributes:
-        memory: Address-space limit in bytes (RLIMIT_AS); allocations beyond it raise MemoryError.
+        memory: Bytes of memory the sandbox may use in total: its processes, the kernel memory they
+            cause, and what is stored in its ``/tmp`` and ``/dev/shm`` (a memory cgroup, where the
+            host has a writable memory controller; see SECURITY.md). Past it the out-of-memory killer
+            ends a process, the kernel included (`KernelDied` names this limit). Each process's
+            address space is also capped at it (RLIMIT_AS), so that one oversized allocation raises
+            MemoryError instead; a kernel needs about 1 GiB of address space to start.
         cpu_seconds: CPU time the kernel may use over its lifetime (RLIMIT_CPU); past it, it dies.
         open_files: Open file descriptors (RLIMIT_NOFILE).
         output_chars: Characters of output one execution may return; the rest is dropped and
             counted in ``CodeExecutionResult.truncated_chars``.
         tmp_bytes: Size of the sandbox's private ``/tmp`` and ``/dev/shm`` each (they live in host
-            memory).
+            memory, and count towards ``memory``).
         processes: Processes and threads the kernel may have at once (a fork bomb stops there).
             Enforced with a pids cgroup where the host has a writable pids controller; see SECURITY.md.
     """
@@ -93,6 +98,16 @@ class Limits:
     output_chars: int = 1_000_000
     tmp_bytes: int | None = 1024**3
     processes: int | None = 512
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            optional = item.name != "output_chars"
+            if value is None and optional:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                what = "a positive whole number" + (" or None" if optional else "")
+                raise UsageError(f"Limits.{item.name} must be {what}, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """Starts the IPython kernel inside the sandbox: resource limits first, then ipykernel.
 
-Run as ``python -m ipybox_kernel._launch [--memory N] [--cpu N] [--files N] [--output N]
-[--message-bytes N] -f CONN``.
+Run as ``python -m ipybox_kernel._launch [--memory N] [--cpu N] [--files N] [--sigpending N]
+[--output N] [--message-bytes N] -f CONN``.
 The limits are set before any user code can run, hard limit equal to soft limit; without
 capabilities the kernel cannot raise them again.
 """
@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory", type=int)
     parser.add_argument("--cpu", type=int)
     parser.add_argument("--files", type=int)
+    parser.add_argument("--sigpending", type=int)
     parser.add_argument("--output", type=int)
     parser.add_argument("--message-bytes", type=int)
     # Written to once the kernel's sockets are bound (the host connects only then; see ipybox._kernel).
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     _set_limit(resource.RLIMIT_AS, ours.memory)
     _set_limit(resource.RLIMIT_CPU, ours.cpu)
     _set_limit(resource.RLIMIT_NOFILE, ours.files)
+    _set_limit(resource.RLIMIT_SIGPENDING, ours.sigpending)
 
     # ipykernel's debugger needs debugpy, whose import is a third of the kernel's start-up time, and
     # it could only listen on a network the sandbox does not have. Without it the kernel reports
@@ -225,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     app: Any = IPKernelApp.instance()
     try:
         _initialize(app, rest, ours.output, ours.message_bytes)
+        _explain_memory_errors(app.shell, ours.memory)
     except BaseException:
         # ipykernel may have started threads already; they would keep a half-initialized kernel
         # alive forever. Report and leave now (the host shows this output in KernelStartError).
@@ -245,6 +248,24 @@ def main(argv: list[str] | None = None) -> None:
         # User code has no business with the host's end of start-up.
         os.close(ours.ready_fd)
     app.start()
+
+
+def _explain_memory_errors(shell: Any, limit: int | None) -> None:
+    """Give a MemoryError that has no message one naming the kernel's memory limit.
+
+    Python raises a bare MemoryError when an allocation fails; here that is nearly always the
+    address-space limit the host set (``Limits.memory``), which the code cannot know of.
+    """
+    if limit is None:
+        return
+    text = f"the allocation would take this process past its memory limit ({limit / 1024**2:g} MiB, Limits.memory)"
+
+    def explain(self: Any, etype: Any, value: BaseException, tb: Any, tb_offset: Any = None) -> None:
+        if not value.args:
+            value.args = (text,)
+        self.showtraceback((etype, value, tb), tb_offset=tb_offset)
+
+    shell.set_custom_exc((MemoryError,), explain)
 
 
 def _workspace_last() -> None:

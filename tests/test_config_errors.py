@@ -151,3 +151,12 @@ def test_a_kernel_spec_tells_apart_kernels_with_skills_or_network_from_plain_one
     # directory is not one of them: all the kernels share it.
     other = spec(workspace=tmp_path / "elsewhere", skills_dir=tmp_path / "skills")
     assert spec().differences(other, dirs=False) == ["skills_dir"]
+
+
+@pytest.mark.parametrize(
+    "bad", [{"memory": 0}, {"memory": -1}, {"memory": 1.5 * 1024**3}, {"tmp_bytes": True}, {"output_chars": None}]
+)
+def test_limits_must_be_positive_whole_numbers_and_say_which_one_is_not(bad: dict[str, object]) -> None:
+    name = next(iter(bad))
+    with pytest.raises(UsageError, match=f"Limits.{name} must be a positive whole number"):
+        Limits(**bad)  # pyright: ignore[reportArgumentType]

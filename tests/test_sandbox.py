@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Generator
@@ -253,3 +254,34 @@ async def test_a_venv_interpreter_reached_through_a_path_with_dotdot_starts_the_
             ["../venv/bin/python", "-c", script, str(tmp_path / "ws")], cwd=tmp_path / "project", check=False
         )
     assert (run.returncode, run.stdout.decode()) == (0, "42\n"), run.stderr.decode()
+
+
+# A host without a memory controller: ipybox in a mount namespace where the controller's hierarchy
+# is an empty tmpfs. The executor starts, runs code and says what is not limited.
+WITHOUT_MEMORY_CGROUP = """
+import anyio, logging, sys
+from ipybox import CodeExecutor
+logging.basicConfig(level=logging.WARNING)
+async def main():
+    async with CodeExecutor(workspace=sys.argv[1], tools_dir=None) as ex:
+        print((await ex.execute("print(6 * 7)")).text, end="")
+anyio.run(main)
+"""
+
+
+def test_a_start_without_a_memory_cgroup_says_the_sandbox_memory_is_not_limited(workspace: Path) -> None:
+    hide = "mount -t tmpfs none /sys/fs/cgroup/memory 2>/dev/null || mount -t tmpfs none /sys/fs/cgroup"
+    script = f'{hide} && exec "$0" -c "$1" "$2"'
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    done = subprocess.run(
+        [*argv, sys.executable, WITHOUT_MEMORY_CGROUP, str(workspace)],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        check=False,
+    )
+    if "unshare failed" in done.stderr or "mount:" in done.stderr:
+        pytest.skip(f"cannot hide the cgroup hierarchy here (needs root): {done.stderr.strip()}")
+    assert done.stdout == "42\n", done.stderr
+    assert "no memory cgroup for the kernel" in done.stderr
+    assert "Limits.memory" in done.stderr

@@ -38,11 +38,11 @@ from jupyter_client.session import Session
 from ipybox._config import Limits, SandboxConfig
 from ipybox._exceptions import KernelDied, KernelStartError, UsageError
 from ipybox._tooldir import open_tools_dir
-from ipybox.sandbox._cgroup import PidsCgroup
+from ipybox.sandbox._cgroup import SandboxCgroup
 from ipybox.sandbox._sandbox import bwrap_argv, sandbox_filter_fd
 
 from ._messages import Inbox, KernelEvent, decode, execution_events, message_limit
-from ._process import StderrTail, close_fd, launcher_argv, sandboxed_kernel_pid, wait_for_exit
+from ._process import StderrTail, close_fd, launcher_argv, limit_sandbox_init, sandboxed_kernel_pid, wait_for_exit
 from ._zmtp import Channel, FrameLimits, ProtocolViolation
 
 __all__ = ("SANDBOX_SOCKET_DIR", "Kernel")
@@ -80,8 +80,13 @@ class Kernel:
         channels: Mapping[_ChannelName, Channel],
         run_dir: Path,
         limits: Limits,
+        cgroup: SandboxCgroup | None = None,
     ) -> None:
         self._process = process
+        self._limits = limits
+        self._cgroup = cgroup
+        # Whether the host killed the kernel (then a memory cgroup's OOM count does not say why it died).
+        self._killed = False
         self._session = session
         self._signer = hmac.new(session.key, digestmod=hashlib.sha256)
         self._channels = channels
@@ -129,7 +134,7 @@ class Kernel:
             KernelStartError: The kernel exited or did not become ready within ``start_timeout``.
         """
         run_dir = run_dir or Path(tempfile.mkdtemp(prefix="ipybox-"))
-        cgroup: PidsCgroup | None = None
+        cgroup: SandboxCgroup | None = None
         seccomp_fd: int | None = None
         ready_read: int | None = None
         ready_write: int | None = None
@@ -186,10 +191,10 @@ class Kernel:
                 "control": Channel("DEALER", frame_limits, identity=session.bsession),
                 "iopub": Channel("SUB", frame_limits),
             }
-            cgroup = PidsCgroup.create(limits.processes) if limits.processes is not None else None
-            if cgroup is not None:
-                # The launcher joins the cgroup before it becomes bwrap, so nothing escapes it.
-                argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.path / "cgroup.procs"), *argv]
+            cgroup = SandboxCgroup.create(processes=limits.processes, memory=limits.memory)
+            if cgroup.procs_files:
+                # The launcher joins the cgroups before it becomes bwrap, so nothing escapes them.
+                argv = [*_join_cgroups(cgroup.procs_files), *argv]
             process = await anyio.open_process(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -207,7 +212,7 @@ class Kernel:
             close_fd(tools_fd)
             close_fd(skills_fd)
             seccomp_fd = ready_write = tools_fd = skills_fd = None
-            kernel = cls(process, session, channels, run_dir, limits)
+            kernel = cls(process, session, channels, run_dir, limits, cgroup)
             failure: KernelStartError | None = None
             try:
                 async with anyio.create_task_group() as tg:
@@ -256,6 +261,7 @@ class Kernel:
     def kill(self) -> None:
         """Kill the kernel and everything it started (the process group, or the whole sandbox)."""
         if self._process.returncode is None:
+            self._killed = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, signal.SIGKILL)
 
@@ -370,6 +376,13 @@ class Kernel:
 
     async def _watch_process(self) -> None:
         self.exit_code = await self._process.wait()
+        if self.stop_reason is None and not self._killed and self._cgroup is not None and self._cgroup.oom_kills():
+            limit = self._cgroup.memory_limit or 0
+            self.stop_reason = (
+                f"its sandbox reached Limits.memory ({limit / 1024**2:g} MiB for its processes and its "
+                "/tmp and /dev/shm together) and the out-of-memory killer ended it; use less memory "
+                "(delete large objects and files in /tmp) or raise Limits.memory"
+            )
         self.exited.set()
         for inbox in list(self._waiters.values()):
             inbox.close()
@@ -398,6 +411,7 @@ class Kernel:
             if self._sandbox_pid is None:
                 message = "the sandboxed kernel process could not be found in /proc"
                 raise KernelStartError(message, output=self.stderr_tail())
+            limit_sandbox_init(self._sandbox_pid, self._limits)
             base = f"/proc/{self._sandbox_pid}/root{base}"
         for name, channel in self._channels.items():
             path = f"{base}-{fields[f'{name}_port']}"
@@ -451,3 +465,10 @@ class Kernel:
         if delivery is not None:
             inbox, msg, size = delivery
             await inbox.put(msg, size)
+
+
+def _join_cgroups(procs_files: Sequence[Path]) -> list[str]:
+    """A shell prefix that writes its own pid into each ``cgroup.procs`` file, then execs the rest."""
+    joins = " && ".join(f'echo $$ > "${i}"' for i in range(len(procs_files)))
+    shift = f" && shift {len(procs_files) - 1}" if len(procs_files) > 1 else ""
+    return ["/bin/sh", "-c", f'{joins}{shift} && exec "$@"', *map(str, procs_files)]

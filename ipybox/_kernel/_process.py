@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
+import resource
 import sys
 from collections import deque
 from collections.abc import Sequence
@@ -23,29 +25,41 @@ __all__ = (
     "close_fd",
     "default_python",
     "launcher_argv",
+    "limit_sandbox_init",
     "sandboxed_kernel_pid",
     "wait_for_exit",
 )
 
+logger = logging.getLogger(__name__)
+
+# Signals queued and not yet delivered, for the whole sandbox (RLIMIT_SIGPENDING). The kernel counts
+# them per user in every enclosing user namespace and compares each sender's own limit with that
+# total, so what the sandbox queues is taken from the host's user too (root has no exemption for
+# real-time signals; the default limit is ~96,000 here). Python queues a handful at most.
+SIGPENDING = 1024
 # bwrap, bwrap's PID-namespace init, then the kernel: never deeper than this below our child.
 _SANDBOX_DEPTH = 4
 # Bytes of the kernel's raw stderr kept for error messages.
 _STDERR_TAIL = 8192
 
 
+def _rlimits(limits: Limits) -> list[tuple[str, int, int]]:
+    """The resource limits of every process in the sandbox: launcher flag, resource, value."""
+    found = [
+        ("--memory", resource.RLIMIT_AS, limits.memory),
+        ("--cpu", resource.RLIMIT_CPU, limits.cpu_seconds),
+        ("--files", resource.RLIMIT_NOFILE, limits.open_files),
+        ("--sigpending", resource.RLIMIT_SIGPENDING, SIGPENDING),
+    ]
+    return [(flag, which, value) for flag, which, value in found if value is not None]
+
+
 def launcher_argv(python: Sequence[str], connection_file: str, ready_fd: int, limits: Limits) -> list[str]:
     """The command line of ipybox_kernel._launch, which applies ``limits`` and starts the kernel."""
     argv = [*python, "-m", "ipybox_kernel._launch", "-f", connection_file, "--ready-fd", str(ready_fd)]
-    for flag, value in (
-        ("--memory", limits.memory),
-        ("--cpu", limits.cpu_seconds),
-        ("--files", limits.open_files),
-        ("--output", limits.output_chars),
-        ("--message-bytes", message_limit(limits.output_chars)),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv
+    for flag, _, value in _rlimits(limits):
+        argv += [flag, str(value)]
+    return [*argv, "--output", str(limits.output_chars), "--message-bytes", str(message_limit(limits.output_chars))]
 
 
 class StderrTail:
@@ -111,6 +125,22 @@ def sandboxed_kernel_pid(root: int, executable: str) -> int | None:
             below += _children(pid)
         pids = below
     return None
+
+
+def limit_sandbox_init(kernel_pid: int, limits: Limits) -> None:
+    """Give the sandbox's init (the kernel's parent) the resource limits the launcher gave the kernel.
+
+    Kernel code can write to the init's memory (same uid) and make it do what it likes; with the
+    limits it started with (the host's), it could queue signals or hold memory past them. Called
+    before any kernel code runs. ipybox without root may be refused by a security module; that
+    leaves the init as it was, and is logged.
+    """
+    try:
+        init = int(Path(f"/proc/{kernel_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        for _, which, value in _rlimits(limits):
+            resource.prlimit(init, which, (value, value))
+    except (OSError, IndexError, ValueError) as exc:
+        logger.warning("could not apply the resource limits to the sandbox's init: %s", exc)
 
 
 def _children(pid: int) -> list[int]:

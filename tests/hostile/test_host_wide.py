@@ -11,6 +11,7 @@ and shows it contained.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 from collections.abc import AsyncGenerator
@@ -20,6 +21,7 @@ import pytest
 
 from ipybox import CodeExecutor, KernelStartError, Limits, SandboxConfig
 from ipybox._kernel import SANDBOX_SOCKET_DIR, Kernel, default_python
+from ipybox._kernel._process import SIGPENDING
 
 from .conftest import kernel_of, run
 
@@ -220,3 +222,147 @@ async def test_a_tools_dir_swapped_for_a_symlink_after_its_check_is_not_mounted(
             start_timeout=30,
         ):
             pass
+
+
+# -- kernel resources the sandbox would share with the host: sockets, per-user counters -------------
+
+# Kernel code: create a socket of each family and type the sandbox has no use for, AF_VSOCK first,
+# and stop at the first that opens (each open one could make the host load a module). Nothing is
+# connected: on a VM, vsock's CID 2 is the hypervisor. Then the families the kernel does use.
+SOCKET_FAMILIES = """
+import errno, socket
+AF_VSOCK, AF_NETLINK = 40, 16
+unused = [(AF_VSOCK, kind, 0) for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET)]
+unused += [(family, kind, 0) for family in range(3, 46) if family not in (10, AF_NETLINK)
+           for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET, socket.SOCK_RAW)]
+unused += [(AF_NETLINK, socket.SOCK_RAW, protocol) for protocol in range(1, 23)]
+# SCTP, DCCP, L2TP, UDP-Lite, MPTCP: inet protocols the host loads as modules.
+unused += [(family, kind, protocol) for family in (2, 10) for protocol in (132, 33, 115, 136, 262)
+           for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET)]
+opened, errors = None, set()
+for family, kind, protocol in unused:
+    try:
+        socket.socket(family, kind, protocol).close()
+    except OSError as exc:
+        errors.add(errno.errorcode[exc.errno])
+    else:
+        opened = (family, kind, protocol)
+        break
+print("opened", opened)
+print("errors", sorted(errors))
+socket.socket(AF_NETLINK, socket.SOCK_RAW, 0).close()
+socket.socketpair()
+print("in use", socket.if_nameindex(), socket.getaddrinfo("localhost", 80, flags=socket.AI_ADDRCONFIG)[0][4])
+"""
+
+
+async def test_vsock_and_every_other_socket_family_the_kernel_does_not_need_cannot_be_created(
+    executor: CodeExecutor,
+) -> None:
+    # AF_VSOCK shares the VM's port space past the network namespace and the proxy; other families
+    # and inet protocols made the host load their modules.
+    result = await run(executor, SOCKET_FAMILIES)
+    lines = result.text.splitlines()
+    assert lines[0] == "opened None", result.text
+    assert lines[1] == "errors ['EAFNOSUPPORT', 'EPROTONOSUPPORT', 'ESOCKTNOSUPPORT']", result.text
+    # Route netlink (getifaddrs, if_nameindex, AI_ADDRCONFIG) and unix socket pairs still work.
+    assert lines[2] == "in use [(1, 'lo')] ('127.0.0.1', 80)", result.text
+    await still_works(executor)
+
+
+# Kernel code: take as many inotify instances, fanotify groups and POSIX message queues as it can
+# (up to past the host's per-user limits) and hold them until the next cell.
+TAKE_COUNTERS = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+FAN_CLASS_NOTIF, FAN_REPORT_FID = 0, 0x200
+held, report = [], []
+for name, make in (
+    ("inotify", lambda i: libc.inotify_init1(0)),
+    ("fanotify", lambda i: libc.fanotify_init(FAN_CLASS_NOTIF | FAN_REPORT_FID, os.O_RDONLY)),
+    ("mqueue", lambda i: libc.mq_open(f"/ipybox-{i}".encode(), os.O_CREAT | os.O_RDWR, 0o600, None)),
+):
+    count, error = 0, None
+    for i in range(200):
+        fd = make(i)
+        if fd < 0:
+            error = errno.errorcode[ctypes.get_errno()]
+            break
+        held.append(fd)
+        count += 1
+    report.append(f"{name} {count} {error}")
+print(*report, sep="\\n")
+"""
+RELEASE_COUNTERS = "for fd in held:\n    os.close(fd)\nheld.clear()"
+
+
+def host_creates(what: str) -> bool:
+    """Whether this (host) process can create one inotify instance, fanotify group or message queue."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    name = f"/ipybox-host-{os.getpid()}".encode()
+    make = {
+        "inotify": lambda: libc.inotify_init1(0),
+        "fanotify": lambda: libc.fanotify_init(0x200, os.O_RDONLY),
+        "mqueue": lambda: libc.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, None),
+    }
+    fd = make[what]()
+    if fd < 0:
+        return False
+    os.close(fd)
+    if what == "mqueue":
+        libc.mq_unlink(name)
+    return True
+
+
+async def test_the_host_can_still_create_the_inotify_fanotify_and_mqueue_objects_the_kernel_tries_to_exhaust(
+    executor: CodeExecutor,
+) -> None:
+    # Counted per user in every enclosing user namespace: as host root, a kernel holding 128 inotify
+    # instances left every root process on the host without one. The kernel is refused at creation.
+    try:
+        result = await run(executor, TAKE_COUNTERS)
+        host = {what: host_creates(what) for what in ("inotify", "fanotify", "mqueue")}
+    finally:
+        await run(executor, RELEASE_COUNTERS)
+    assert result.text == "inotify 0 EPERM\nfanotify 0 EPERM\nmqueue 0 EPERM\n"
+    assert host == {"inotify": True, "fanotify": True, "mqueue": True}
+    await still_works(executor)
+
+
+# A child of the kernel (single-threaded, so the blocked signal stays pending): block a real-time
+# signal and queue it to itself until the kernel refuses.
+QUEUE_SIGNALS = """
+import ctypes, errno, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN})
+queued, error = 0, None
+for _ in range(%d):
+    if libc.sigqueue(os.getpid(), int(signal.SIGRTMIN), ctypes.c_void_p(0)) != 0:
+        error = errno.errorcode[ctypes.get_errno()]
+        break
+    queued += 1
+print(queued, error)
+"""
+
+
+async def test_real_time_signals_the_kernel_queues_stop_at_a_small_share_of_the_hosts_user_limit(
+    executor: CodeExecutor,
+) -> None:
+    # Pending signals count per user in every enclosing user namespace, and root has no exemption
+    # for real-time ones: the kernel's queue (and its init's) is bounded far below the host's.
+    child = QUEUE_SIGNALS % (4 * SIGPENDING)
+    code = (
+        "import subprocess, sys\n"
+        f"print(subprocess.run([sys.executable, '-c', {child!r}], capture_output=True, text=True).stdout)"
+    )
+    result = await run(executor, code)
+    queued, error = result.text.split()
+    assert int(queued) <= SIGPENDING and error == "EAGAIN", result.text
+    kernel = kernel_of(executor)
+    assert kernel._sandbox_pid is not None
+    init = Path(f"/proc/{kernel._sandbox_pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    limits = Path(f"/proc/{init}/limits").read_text()
+    assert f"Max pending signals       {SIGPENDING}" in limits, limits
+    await still_works(executor)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ipybox import CodeExecutor, ExecutionTimeout, KernelDied, Limits, Timeouts
-from ipybox.sandbox._cgroup import pids_cgroups_available
+from ipybox.sandbox._cgroup import cgroup_available, pids_cgroups_available
 
 from .conftest import descendants, kernel_of, run, wait_until_gone
 
@@ -24,6 +24,9 @@ pytestmark = pytest.mark.anyio
 FORK_BOMB_CEILING = 300
 # A sandbox that bounded processes would stop a fork bomb below this many.
 REASONABLE_PROCESS_LIMIT = 256
+# Limits.memory for the memory tests: the least a kernel starts with (its address space needs it).
+SANDBOX_MEMORY = 1024**3
+MiB = 1024**2
 
 
 async def still_works(executor: CodeExecutor) -> None:
@@ -96,6 +99,71 @@ async def test_a_memory_bomb_in_a_child_process_is_bounded_too(executor: CodeExe
     result = await run(executor, code)
     assert result.text == "7\n"
     await still_works(executor)
+
+
+# Kernel code: put 300 MiB in /tmp, fork four children that each fill 300 MiB and say so (or die
+# trying), then add up what is held at once: the children still alive, the kernel, /tmp.
+CHILDREN_AND_TMPFS = """
+import os, signal
+with open('/tmp/fill', 'wb') as f:
+    for _ in range(300):
+        f.write(b'x' * 2**20)
+children = []
+for _ in range(4):
+    ready, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(300 * 2**20)
+        os.write(tell, b'1')
+        signal.pause()
+    os.close(tell)
+    os.read(ready, 1)  # a byte once the child holds its memory, end-of-file if it was killed first
+    children.append(pid)
+def resident(pid):
+    try:
+        return int(open(f'/proc/{pid}/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+    except (OSError, IndexError):
+        return 0
+held = sum(resident(pid) for pid in children) + resident(os.getpid()) + os.stat('/tmp/fill').st_blocks * 512
+for pid in children:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+os.remove('/tmp/fill')
+print(held // 2**20)
+"""
+
+
+@pytest.mark.skipif(not cgroup_available("memory"), reason="this host offers no writable memory cgroup controller")
+async def test_the_sandbox_as_a_whole_stays_under_the_memory_limit_with_several_children_and_tmpfs(
+    workspace: Path,
+) -> None:
+    # Limits.memory used to bound each process's address space only: four children and /tmp held
+    # 1.5 GiB under a 1 GiB limit.
+    limits = Limits(memory=SANDBOX_MEMORY)
+    async with CodeExecutor(workspace=workspace, tools_dir=None, limits=limits) as ex:
+        result = await run(ex, CHILDREN_AND_TMPFS)
+        assert int(result.text) * MiB <= SANDBOX_MEMORY, result.text
+        await still_works(ex)
+
+
+@pytest.mark.skipif(not cgroup_available("memory"), reason="this host offers no writable memory cgroup controller")
+async def test_a_kernel_killed_at_the_sandboxs_memory_limit_raises_kernel_died_naming_the_limit(
+    workspace: Path,
+) -> None:
+    # /dev/shm's pages count towards the limit; then the kernel grows past what is left.
+    code = (
+        "with open('/dev/shm/fill', 'wb') as f:\n"
+        "    for _ in range(800):\n        f.write(b'x' * 2**20)\n"
+        "blocks = [bytearray(10 * 2**20) for _ in range(40)]\n"
+    )
+    async with CodeExecutor(workspace=workspace, tools_dir=None, limits=Limits(memory=SANDBOX_MEMORY)) as ex:
+        with pytest.raises(KernelDied) as died:
+            await run(ex, code)
+        assert died.value.reason is not None
+        assert "Limits.memory (1024 MiB" in died.value.reason
+        assert "out-of-memory killer" in died.value.reason
+        # A fresh kernel, in a fresh sandbox: /dev/shm is empty again.
+        assert (await run(ex, "import os; print(os.listdir('/dev/shm'))")).text == "[]\n"
 
 
 @pytest.fixture
