@@ -18,7 +18,7 @@ import anyio
 import pytest
 from servers.gateway import Gateway, run_gateway
 
-from ipybox import CodeExecutor, GatewayKernel, KernelStartError, Timeouts
+from ipybox import CodeExecutor, ExecutionTimeout, GatewayKernel, KernelStartError, Timeouts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 
@@ -124,6 +124,10 @@ async def test_with_the_sandboxed_kernelspec_the_attack_finds_nothing_and_kernel
                 )
                 # Its own processes only (the sandbox's init and the kernel), no token variable, no runtime dir.
                 assert looked.text == "['1', '2'] [] ['ipybox']\n", looked.text
+            # Interrupts are messages to a kernel in a session of its own: a timeout keeps the kernel's state.
+            with pytest.raises(ExecutionTimeout) as timed_out:
+                await victim.execute("import threading\nthreading.Event().wait()", timeout=2)
+            assert not timed_out.value.restarted
             assert (await victim.execute("print(secret)")).text == "victim-42\n"
     assert sandboxed_gateway.kernel_ids() == []
 
