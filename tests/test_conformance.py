@@ -62,7 +62,7 @@ async def ex(request: pytest.FixtureRequest, tools_dir: Path, module_workspace: 
     kernel, gw, before = None, None, set[str]()
     if request.param == "gateway":
         gw = cast("Gateway", request.getfixturevalue("gateway"))
-        kernel = GatewayKernel(gw.url, token=gw.token)
+        kernel = GatewayKernel(gw.url, token=gw.token, allow_unisolated_kernel=True)
         before = set(gw.kernel_ids())
     limits = Limits(output_chars=OUTPUT_CHARS)
     async with CodeExecutor(workspace=module_workspace, tools_dir=tools_dir, limits=limits, kernel=kernel) as executor:
@@ -296,7 +296,7 @@ async def test_with_reconnecting_off_a_dropped_websocket_fails_the_execution_and
     # With reconnecting on (the default), tests/test_gateway_reconnect.py.
     before = set(gateway.kernel_ids())
     async with relay(gateway.url) as hop:
-        kernel = GatewayKernel(hop.url, token=gateway.token, reconnect_timeout=0)
+        kernel = GatewayKernel(hop.url, token=gateway.token, reconnect_timeout=0, allow_unisolated_kernel=True)
         async with CodeExecutor(workspace=workspace, kernel=kernel) as ex:
             [lost] = set(gateway.kernel_ids()) - before
             code = "import threading\nprint('running', flush=True)\nthreading.Event().wait()"
@@ -326,7 +326,7 @@ async def test_a_message_over_the_hosts_limit_drops_the_connection_not_the_host(
         "import threading\n"
         "threading.Event().wait()"
     )
-    kernel = GatewayKernel(gateway.url, token=gateway.token)
+    kernel = GatewayKernel(gateway.url, token=gateway.token, allow_unisolated_kernel=True)
     async with CodeExecutor(workspace=workspace, kernel=kernel, limits=Limits(output_chars=OUTPUT_CHARS)) as ex:
         with anyio.fail_after(patient(RECOVERY)), pytest.raises(KernelConnectionLost) as info:
             await ex.execute(code)
@@ -359,7 +359,7 @@ async def test_a_tool_call_the_gateways_iopub_rate_limit_dropped_is_sent_again(w
         "--ZMQChannelsWebsocketConnection.iopub_msg_rate_limit=100",
     )
     with run_gateway(rate_limit=True, options=options) as limited:
-        kernel = GatewayKernel(limited.url, token=limited.token)
+        kernel = GatewayKernel(limited.url, token=limited.token, allow_unisolated_kernel=True)
         async with CodeExecutor(workspace=workspace, tools_dir=None, kernel=kernel, approval="auto") as ex:
             ex.register_mcp_server("test", stdio_server())
             with anyio.fail_after(patient(RECOVERY)):
@@ -386,7 +386,7 @@ from memory_support import resident
 from ipybox import CodeExecutor, GatewayKernel
 
 async def main():
-    kernel = GatewayKernel(os.environ["GATEWAY_URL"], token=os.environ["GATEWAY_TOKEN"])
+    kernel = GatewayKernel(os.environ["GATEWAY_URL"], token=os.environ["GATEWAY_TOKEN"], allow_unisolated_kernel=True)
     with tempfile.TemporaryDirectory() as workspace:
         async def cycle():
             async with CodeExecutor(workspace=workspace, tools_dir=None, kernel=kernel) as ex:

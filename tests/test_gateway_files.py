@@ -36,7 +36,9 @@ PATCH = "import ipybox_kernel._files as files\nreal_serve = files.serve\nfiles.s
 @pytest.fixture
 async def remote(gateway: Gateway, workspace: Path) -> AsyncGenerator[CodeExecutor]:
     """A fresh executor on the gateway per test: hostile tests replace its kernel's side of transfers."""
-    kernel = GatewayKernel(gateway.url, token=gateway.token, transfer_timeout=TRANSFER_TIMEOUT)
+    kernel = GatewayKernel(
+        gateway.url, token=gateway.token, transfer_timeout=TRANSFER_TIMEOUT, allow_unisolated_kernel=True
+    )
     before = set(gateway.kernel_ids())
     async with CodeExecutor(
         workspace=workspace, tools_dir=None, kernel=kernel, limits=Limits(output_chars=OUTPUT_CHARS)

@@ -69,7 +69,9 @@ async def through_relay(
     kernel's id. Every kernel it started is deleted when it stops."""
     before = set(gateway.kernel_ids())
     async with relay(gateway.url) as hop:
-        kernel = GatewayKernel(hop.url, token=gateway.token, reconnect_timeout=reconnect_timeout)
+        kernel = GatewayKernel(
+            hop.url, token=gateway.token, reconnect_timeout=reconnect_timeout, allow_unisolated_kernel=True
+        )
         async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, kernel=kernel) as ex:
             await ex.execute("kept = 'from before the drop'")
             [kernel_id] = set(gateway.kernel_ids()) - before

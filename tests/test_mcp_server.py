@@ -12,6 +12,7 @@ import ctypes
 import errno
 import json
 import os
+import stat
 import struct
 import subprocess
 import sys
@@ -36,6 +37,7 @@ from network_support import serving
 from servers.fixtures import stdio_server, wait_for_exit
 
 import ipybox
+from ipybox import UsageError
 
 pytestmark = pytest.mark.anyio
 
@@ -416,44 +418,62 @@ class HttpIpybox:
     token: str
     tmp: Path
     workspace: Path
+    stderr: list[str] = field(default_factory=list[str])
+    _line: anyio.Event = field(default_factory=anyio.Event)
+
+    def add_line(self, line: str) -> None:
+        self.stderr.append(line)
+        self._line.set()
+        self._line = anyio.Event()
+
+    async def wait_stderr(self, text: str) -> str:
+        """The first line of the server's stderr that contains ``text``, once it has written one."""
+        while True:
+            found = next((line for line in self.stderr if text in line), None)
+            if found is not None:
+                return found
+            await self._line.wait()
+
+
+_TOKEN_FILE = "its bearer token is in "
 
 
 @asynccontextmanager
-async def _http_ipybox(tmp_path: Path, *options: str) -> AsyncGenerator[HttpIpybox]:
-    workspace, tmp = tmp_path / "ws", tmp_path / "tmp"
+async def _http_ipybox(tmp_path: Path, *options: str, token: str | None = "s3cret-token") -> AsyncGenerator[HttpIpybox]:
+    """The server over HTTP with ``token`` (None: the server makes one up and says in which file)."""
+    workspace, tmp, run = tmp_path / "ws", tmp_path / "tmp", tmp_path / "run"
     workspace.mkdir()
     tmp.mkdir()
-    token = "s3cret-token"
-    env = {**_server_env(tmp), "IPYBOX_MCP_TOKEN": token}
+    env = {**_server_env(tmp), "XDG_RUNTIME_DIR": str(run)}
+    if token is not None:
+        env["IPYBOX_MCP_TOKEN"] = token
     command = [sys.executable, "-m", "ipybox.mcp_server", "--transport", "http", "--port", "0", "--allow-register"]
     command += ["--workspace", str(workspace), *options]
     process = await anyio.open_process(command, env=env, cwd=REPO)
-    stderr: list[str] = []
-    ready = anyio.Event()
-    url = ""
+    server = HttpIpybox(url="", token=token or "", tmp=tmp, workspace=workspace)
 
     async def drain(stream: anyio.abc.ByteReceiveStream) -> None:
-        nonlocal url
         buffer = ""
         async for chunk in stream:
             buffer += chunk.decode(errors="replace")
             while "\n" in buffer:
                 line, buffer = buffer.split("\n", 1)
-                stderr.append(line)
-                if "listening on " in line:
-                    url = line.rsplit(" ", 1)[1]
-                    ready.set()
+                server.add_line(line)
 
     try:
         async with anyio.create_task_group() as tg:
             assert process.stderr is not None
             tg.start_soon(drain, process.stderr)
             with anyio.fail_after(START_TIMEOUT):
-                await ready.wait()
-            yield HttpIpybox(url=url, token=token, tmp=tmp, workspace=workspace)
+                server.url = (await server.wait_stderr("listening on ")).rsplit(" ", 1)[1]
+            if token is None:
+                told = await server.wait_stderr(_TOKEN_FILE)
+                server.token = Path(told.split(_TOKEN_FILE, 1)[1].split(" ", 1)[0]).read_text().strip()
+            yield server
             process.terminate()
             with anyio.fail_after(CLEANUP_TIMEOUT):
                 await process.wait()
+            tg.cancel_scope.cancel()
     finally:
         if process.returncode is None:
             process.kill()
@@ -595,6 +615,78 @@ def test_http_beyond_loopback_without_a_token_is_refused_and_names_the_variable(
         )
         assert run.returncode == 2, run.stderr
         assert "IPYBOX_MCP_TOKEN" in run.stderr and "without a bearer token" in run.stderr, run.stderr
+
+
+async def test_http_without_a_token_makes_one_up_so_a_local_process_can_neither_register_a_command_nor_run_code(
+    tmp_path: Path,
+) -> None:
+    # The attack: any local process (another user's too) posts `register_mcp_server` with a host command
+    # to the loopback server started without IPYBOX_MCP_TOKEN, with --allow-register. Before, it ran.
+    marker = tmp_path / "registered-command-ran"
+    evil = {"command": "/bin/sh", "args": ["-c", f"touch {marker}"]}
+    register = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "register_mcp_server", "arguments": {"server_name": "evil", "server_params": evil}},
+    }
+    accept = {"Accept": "application/json, text/event-stream"}
+    async with _http_ipybox(tmp_path, token=None) as server:
+        token_file = tmp_path / "run" / "ipybox" / f"mcp-{server.url.split(':')[-1].split('/')[0]}.token"
+        assert token_file.read_text() == server.token + "\n" and len(server.token) >= 40
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+        assert not any(server.token in line for line in server.stderr), "the token itself is never printed"
+        async with httpx2.AsyncClient(timeout=START_TIMEOUT) as local:
+            none: dict[str, str] = {}
+            attempts = [none] * 20 + [{"Authorization": "Bearer guessed"}] * 20
+            for headers in [*attempts, {"Authorization": server.token}]:
+                refused = await local.post(server.url, json=register, headers={**accept, **headers})
+                assert refused.status_code == 401, refused.text
+            # DNS rebinding: a page of another site that resolves to 127.0.0.1 (its browser sends its own
+            # Host and Origin, and can send no token) is refused before the token is even looked at.
+            right = {**accept, "Authorization": f"Bearer {server.token}"}
+            rebound = await local.post(server.url, json=register, headers={**right, "Host": "evil.example:80"})
+            assert rebound.status_code == 421, rebound.text
+            foreign = await local.post(server.url, json=register, headers={**right, "Origin": "http://evil.example"})
+            assert foreign.status_code == 403, foreign.text
+        with anyio.fail_after(START_TIMEOUT):
+            # Each kind of refusal is logged with its reason, once for the client however often it retries.
+            for reason in ("no Authorization header", "wrong bearer token", "not a bearer token"):
+                line = await server.wait_stderr(reason)
+                assert "refused a request from 127.0.0.1" in line, line
+            assert "'evil.example:80'" in await server.wait_stderr("Invalid Host header")
+            assert "'http://evil.example'" in await server.wait_stderr("Invalid Origin header")
+        refusals = [line for line in server.stderr if "refused a request" in line]
+        assert len(refusals) == 5, refusals
+        assert not any(server.token in line or "guessed" in line for line in server.stderr)
+        # The user, with the token from the file, is served.
+        async with _http_client(server) as client:
+            with anyio.fail_after(START_TIMEOUT * 2):
+                assert _text(await _call(client, "execute_ipython_cell", code="1 + 1")) == "2\n"
+    assert not marker.exists()
+    assert not token_file.exists(), "the token file goes with the server"
+
+
+def test_serving_http_without_a_token_must_be_asked_for_and_never_with_registration(tmp_path: Path) -> None:
+    from ipybox.mcp_server._config import check_exposure
+
+    env = {**_server_env(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    command = [sys.executable, "-m", "ipybox", "mcp", "--transport", "http", "--port", "0", "--no-token"]
+    run = subprocess.run(
+        [*command, "--allow-register", "--workspace", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "refusing --allow-register without a bearer token" in run.stderr and "drop --no-token" in run.stderr
+    assert not (tmp_path / "run").exists()
+    for host in ("127.0.0.1", "::1", "localhost"):
+        with pytest.raises(UsageError, match="any local process could register a server"):
+            check_exposure(host, None, allow_register=True)
 
 
 def test_loopback_addresses_may_serve_http_without_a_token() -> None:

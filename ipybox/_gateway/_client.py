@@ -42,6 +42,7 @@ from ipybox._config import Limits
 from ipybox._exceptions import KernelConnectionLost, KernelStartError
 from ipybox._gateway._bridge import ToolBridge
 from ipybox._gateway._config import GatewayKernel
+from ipybox._gateway._isolation import check_expression, refusal
 from ipybox._gateway._link import Link
 from ipybox._gateway._recovery import Recovery, Request
 from ipybox._kernel._messages import (
@@ -336,6 +337,13 @@ class RemoteKernel:
         """Serve the link until it is given up, then mark the kernel lost with the link's reason."""
         self._lose(await self.link.run(ws, self._recovery.resume))
 
+    async def _check_isolation(self) -> None:
+        """Refuse a kernel that can see the gateway's other kernels or its token (`_isolation`): before
+        the setup cells, which hand it the executor's tool token."""
+        refused = refusal(await self.evaluate({"r": check_expression()}), f"the gateway at {self.config.base}")
+        if refused is not None:
+            raise refused
+
     async def _run_setup(self, cell: str) -> None:
         # The error's name and value only: its traceback quotes the cell, which holds the tool token.
         errors: list[str] = []
@@ -398,6 +406,8 @@ class RemoteKernel:
                     try:
                         with anyio.fail_at(deadline):
                             await kernel._wait_ready()
+                            if not config.allow_unisolated_kernel:
+                                await kernel._check_isolation()
                             for cell in setup:
                                 await kernel._run_setup(cell)
                     except TimeoutError:

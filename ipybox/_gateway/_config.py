@@ -47,6 +47,12 @@ class GatewayKernel:
         transfer_timeout: Seconds the kernel may take to answer one request of an upload or
             download (one chunk of at most 1 MiB); then it is interrupted (restarted if it does not
             stop) and the transfer fails with `FileTransferError`.
+        allow_unisolated_kernel: Start the kernel even when it can read other kernels' connection
+            files, see their processes or the gateway's token. False (the default): each new kernel
+            is asked what it can see, before anything of the host reaches it, and one that sees any
+            of these is refused with `KernelStartError`, as on a stock Kernel Gateway whose kernels
+            all run as its user (see "Isolating kernels on Kernel Gateway" in the documentation).
+            True only where every kernel on the gateway is trusted.
     """
 
     url: str
@@ -58,6 +64,7 @@ class GatewayKernel:
     request_timeout: float = 30.0
     reconnect_timeout: float = 30.0
     transfer_timeout: float = 60.0
+    allow_unisolated_kernel: bool = False
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url) if isinstance(self.url, str) else None  # pyright: ignore[reportUnnecessaryIsInstance]

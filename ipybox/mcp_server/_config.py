@@ -31,6 +31,7 @@ __all__ = (
     "bearer_token",
     "check_exposure",
     "config_from_args",
+    "is_loopback",
 )
 
 ApprovalMode = Literal["ask", "auto", "deny"]
@@ -208,6 +209,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "  Command-line options override the file; --allow/--deny patterns are added to its lists.\n\n"
         "examples:\n"
         "  ipybox mcp --workspace ~/work --config servers.json\n"
+        "  ipybox mcp --transport http --port 8765   # prints where its token is\n"
         f"  {TOKEN_ENV}=secret ipybox mcp --transport http --port 8765\n"
         "  ipybox mcp --approval deny --allow 'github.search_*' --allow-read-only"
     )
@@ -221,7 +223,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     where.add_argument(
         "--bearer-token",
-        help=f"HTTP: require 'Authorization: Bearer TOKEN' (prefer the {TOKEN_ENV} environment variable)",
+        help=f"HTTP: require 'Authorization: Bearer TOKEN' (prefer the {TOKEN_ENV} environment variable); "
+        "without one the server makes up a token and writes it to a file only you can read",
+    )
+    where.add_argument(
+        "--no-token",
+        action="store_true",
+        help="HTTP on a loopback address: serve without a token, so that every local process and user may run "
+        "code here (not with --allow-register)",
     )
     where.add_argument(
         "--idle-ttl",
@@ -393,23 +402,35 @@ def bearer_token(args: argparse.Namespace) -> str | None:
     return token or None
 
 
-def check_exposure(host: str, token: str | None) -> None:
-    """Refuse to serve HTTP beyond this machine without a bearer token.
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is only reachable from this machine."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"  # another name may resolve to any address
+
+
+def check_exposure(host: str, token: str | None, *, allow_register: bool = False) -> None:
+    """Refuse to serve HTTP without a bearer token beyond this machine, or with registration.
 
     Whoever reaches the server runs code in its kernels (and, with ``--allow-register``, commands
-    on this host), so only a loopback address may go without a token.
+    on this host), so only a loopback address may go without a token (``--no-token``), and then
+    without registration: every local process, of every user, could otherwise run a host command.
 
     Raises:
-        UsageError: ``host`` is not a loopback address and there is no token.
+        UsageError: There is no token and ``host`` is not a loopback address or clients may register
+            servers.
     """
     if token is not None:
         return
-    try:
-        loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = host == "localhost"  # another name may resolve to any address
-    if not loopback:
+    if not is_loopback(host):
         raise UsageError(
             f"refusing to listen on {host!r} without a bearer token: anyone who reaches it could run code "
             f"here; set {TOKEN_ENV} (or pass --bearer-token), or listen on 127.0.0.1"
+        )
+    if allow_register:
+        raise UsageError(
+            "refusing --allow-register without a bearer token: any local process could register a server, "
+            "that is run a command on this host; drop --no-token (a token is made up and written to a file "
+            f"only you can read), or set {TOKEN_ENV}"
         )

@@ -1,63 +1,153 @@
-"""The MCP server's transports: stdio, and streamable HTTP behind an optional bearer token; the command line."""
+"""The MCP server's transports: stdio, and streamable HTTP behind a bearer token; the command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import secrets
 import socket
+import stat
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import anyio
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ipybox._exceptions import UsageError
 
-from ._config import TOKEN_ENV, ServerConfig, add_arguments, bearer_token, check_exposure, config_from_args
+from ._config import (
+    TOKEN_ENV,
+    ServerConfig,
+    add_arguments,
+    bearer_token,
+    check_exposure,
+    config_from_args,
+    is_loopback,
+)
 from ._server import build_server
 
 __all__ = ("main", "run_parsed", "serve")
 
-_ASGIApp = Callable[
-    [dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
-    Awaitable[None],
-]
-
 
 _UNAUTHORIZED = (
     f"missing or wrong bearer token: send the header 'Authorization: Bearer <token>' with every request, "
-    f"<token> being the one this server was started with ({TOKEN_ENV} or --bearer-token)"
+    f"<token> being the one this server was started with ({TOKEN_ENV} or --bearer-token), or the one it "
+    f"wrote to the file it named when it started"
 )
+_log = logging.getLogger("ipybox.mcp_server")
+# A refused client is logged once, then at most once per this many seconds with how many more it sent:
+# a client retrying in a loop (or a local process guessing tokens) must not flood the log.
+_REFUSAL_LOG_INTERVAL = 60.0
+_REFUSAL_KEYS = 1024
 
 
-def _require_bearer(app: _ASGIApp, token: str) -> _ASGIApp:
-    expected = f"Bearer {token}".encode()
+@dataclass
+class _Refusals:
+    """The log of refused requests, rate-limited per client address and kind of refusal."""
 
-    async def guarded(
-        scope: dict[str, Any],
-        receive: Callable[[], Awaitable[dict[str, Any]]],
-        send: Callable[[dict[str, Any]], Awaitable[None]],
-    ) -> None:
+    _last: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict[tuple[str, str], tuple[float, int]])
+
+    def log(self, scope: Scope, reason: str, detail: str = "") -> None:
+        client = cast("tuple[str, int] | None", scope.get("client"))
+        address = client[0] if client else "an unknown client"
+        key = (address, reason)
+        now = time.monotonic()
+        last, missed = self._last.get(key, (-_REFUSAL_LOG_INTERVAL, 0))
+        if now - last < _REFUSAL_LOG_INTERVAL:
+            self._last[key] = (last, missed + 1)
+            return
+        if len(self._last) >= _REFUSAL_KEYS:  # many addresses (127.0.0.0/8 is all loopback): forget the old
+            self._last.clear()
+        self._last[key] = (now, 0)
+        more = f" ({missed} more since the last report)" if missed else ""
+        _log.warning("refused a request from %s: %s%s%s", address, reason, detail, more)
+
+
+def _bearer_refusal(given: bytes | None, expected: bytes) -> str | None:
+    """Why a request with this ``Authorization`` header is refused, or None: it carries the token."""
+    # Compared in constant time, whatever the header holds; the reason is worked out only once refused.
+    if given is not None and secrets.compare_digest(given, expected):
+        return None
+    if given is None:
+        return "no Authorization header"
+    if not given.lower().startswith(b"bearer "):
+        return "the Authorization header is not a bearer token"
+    return "wrong bearer token"
+
+
+def _guard(app: ASGIApp, token: str | None, security: TransportSecuritySettings) -> ASGIApp:
+    """``app`` behind the checks of every HTTP request: Host and Origin (DNS rebinding), then the token."""
+    expected = f"Bearer {token}".encode() if token is not None else b""
+    headers_check = TransportSecurityMiddleware(security)
+    refusals = _Refusals()
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            headers = cast("list[tuple[bytes, bytes]]", scope.get("headers", []))
-            given = next((v for k, v in headers if k.lower() == b"authorization"), b"")
-            if not secrets.compare_digest(given, expected):
-                body = json.dumps({"error": _UNAUTHORIZED}).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
-                    }
+            request = Request(scope)
+            refused = await headers_check.validate_request(request)
+            if refused is not None:
+                # What a hostile page sent, quoted and cut: it goes into the operator's log.
+                sent = {k: request.headers.get(k, "")[:100] for k in ("host", "origin")}
+                refusals.log(
+                    scope, bytes(refused.body).decode(), f" (Host {sent['host']!r}, Origin {sent['origin']!r})"
                 )
-                await send({"type": "http.response.body", "body": body})
+                await refused(scope, receive, send)
                 return
+            if token is not None:
+                headers = cast("list[tuple[bytes, bytes]]", scope.get("headers", []))
+                given = next((v for k, v in headers if k.lower() == b"authorization"), None)
+                reason = _bearer_refusal(given, expected)
+                if reason is not None:
+                    refusals.log(scope, reason)
+                    body = json.dumps({"error": _UNAUTHORIZED}).encode()
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 401,
+                            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                        }
+                    )
+                    await send({"type": "http.response.body", "body": body})
+                    return
         await app(scope, receive, send)
 
     return guarded
+
+
+def runtime_dir() -> Path:
+    """Where the server writes the token it made up: ``$XDG_RUNTIME_DIR/ipybox``, else
+    ``~/.local/share/ipybox/runtime`` (as Jupyter keeps its servers' tokens), private to the user.
+
+    Raises:
+        UsageError: The directory is a symlink, or another user's.
+    """
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    path = Path(base) / "ipybox" if base else Path.home() / ".local" / "share" / "ipybox" / "runtime"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise UsageError(
+            f"{path} is not a directory of yours: the server will not write its token there; remove it, or set "
+            f"{TOKEN_ENV}"
+        )
+    if info.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def _write_token(path: Path, token: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as file:
+        os.fchmod(fd, 0o600)  # a file left from before keeps its mode through O_CREAT
+        file.write(token + "\n")
 
 
 async def serve(
@@ -67,10 +157,14 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     token: str | None = None,
+    no_token: bool = False,
 ) -> None:
     """Serve ipybox over MCP until stdin closes (stdio) or the process is stopped (HTTP).
 
     Over HTTP the address it listens on is printed to stderr as ``ipybox MCP server listening on URL``.
+    Without a token, on a loopback address, it makes one up, writes it to ``mcp-<port>.token`` in
+    `runtime_dir` (readable only by the user; removed when the server stops) and prints that file's
+    path first. Refused requests are logged with the reason, at most once a minute per client and reason.
 
     Args:
         config: The server configuration.
@@ -78,25 +172,32 @@ async def serve(
         host: HTTP: the address to listen on.
         port: HTTP: the port (0 picks a free one).
         token: HTTP: require this bearer token (required unless ``host`` is a loopback address).
+        no_token: HTTP on a loopback address: require no token at all, so that every local process
+            can run code in the kernels; not allowed with ``config.allow_register``.
 
     Raises:
-        UsageError: HTTP on a non-loopback address without a token.
+        UsageError: HTTP on a non-loopback address without a token, or ``no_token`` with
+            ``config.allow_register``.
     """
     if transport == "stdio":
         await build_server(config).run_stdio_async()
         return
-    check_exposure(host, token)
+    made_up = token is None and not no_token and is_loopback(host)
+    if made_up:
+        token = secrets.token_urlsafe(32)
+    check_exposure(host, token, allow_register=config.allow_register)
     import uvicorn
 
     server = build_server(config, shared=True)
     security = TransportSecuritySettings(
-        enable_dns_rebinding_protection=host in ("127.0.0.1", "localhost", "::1"),
+        enable_dns_rebinding_protection=is_loopback(host),
         allowed_hosts=[f"{host}:*", "127.0.0.1:*", "localhost:*", "[::1]:*"],
         allowed_origins=[f"http://{host}:*", "http://127.0.0.1:*", "http://localhost:*"],
     )
+    # The guard checks these headers first and logs refusals, rate-limited; the SDK would log each again.
+    logging.getLogger("mcp.server.transport_security").setLevel(logging.ERROR)
     app: Any = server.streamable_http_app(session_idle_timeout=config.idle_ttl, transport_security=security, host=host)
-    if token is not None:
-        app = _require_bearer(app, token)
+    app = _guard(app, token, security)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -105,9 +206,38 @@ async def serve(
     # client that reads the announcement first would be refused. Connections wait in the backlog instead.
     sock.listen(2048)
     bound = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    print(f"ipybox MCP server listening on http://{host}:{bound}/mcp", file=sys.stderr, flush=True)
-    await uv.serve(sockets=[sock])
+    token_file: Path | None = None
+
+    def forget_token() -> None:
+        if token_file is not None:
+            token_file.unlink(missing_ok=True)
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # On SIGTERM uvicorn shuts down, then raises the signal again, which ends the process
+            # before `serve`'s own cleanup could run.
+            try:
+                await super().shutdown(sockets)
+            finally:
+                forget_token()
+
+    uv = Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    try:
+        if made_up and token is not None:
+            token_file = runtime_dir() / f"mcp-{bound}.token"
+            _write_token(token_file, token)
+            print(
+                f"ipybox MCP server: its bearer token is in {token_file} (readable only by you); clients send "
+                f"'Authorization: Bearer <token>'",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif token is None:
+            print("ipybox MCP server: no token (--no-token): every local process can run code here", file=sys.stderr)
+        print(f"ipybox MCP server listening on http://{host}:{bound}/mcp", file=sys.stderr, flush=True)
+        await uv.serve(sockets=[sock])
+    finally:
+        forget_token()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,7 +257,14 @@ def run_parsed(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
         anyio.run(
-            lambda: serve(config, transport=args.transport, host=args.host, port=args.port, token=bearer_token(args))
+            lambda: serve(
+                config,
+                transport=args.transport,
+                host=args.host,
+                port=args.port,
+                token=bearer_token(args),
+                no_token=args.no_token,
+            )
         )
     except UsageError as exc:
         print(f"ipybox mcp: error: {exc}", file=sys.stderr)

