@@ -36,7 +36,8 @@ from mcp.shared.exceptions import MCPError
 
 from ipybox._exceptions import GenerationError, MCPServerError, UsageError
 from ipybox._manifest import load_manifest, manifest_lock, save_manifest_entry
-from ipybox._mcp import HttpServer, ServerExitWatch, StdioServer, open_session, parse_server_params
+from ipybox._mcp import HttpServer, ServerExitWatch, StdioServer, http_refusals, open_session, parse_server_params
+from ipybox._oauth import OAuth
 from ipybox._tooldir import check_tools_dir, prepare_tools_dir, tools_dir_path
 from ipybox_kernel._records import INDEX_FILE
 
@@ -101,18 +102,27 @@ async def _list_tools(
     watch: ServerExitWatch,
     timings: dict[str, float],
     send: MemoryObjectSendStream[_Listing],
+    oauth: OAuth | None,
 ) -> None:
     """Send the server's tool listing as soon as it is in, then close the session."""
     start = time.perf_counter()
-    async with send, open_session(server_name, watch.params, errlog=watch.errlog) as session:
+    async with send, open_session(server_name, watch.params, errlog=watch.errlog, oauth=oauth) as session:
         timings["connect"] = time.perf_counter() - start
         start = time.perf_counter()
         tools: list[mcp_types.Tool] = []
         cursor: str | None = None
+        refusals = http_refusals(session)
         with anyio.fail_after(LIST_TOOLS_TIMEOUT):
             for _ in range(MAX_TOOL_PAGES):
                 request = None if cursor is None else mcp_types.PaginatedRequestParams(cursor=cursor)
-                page = await session.list_tools(params=request)
+                mark = refusals.mark() if refusals is not None else (0, 0)
+                try:
+                    page = await session.list_tools(params=request)
+                except MCPError as exc:
+                    why = refusals.explain(mark) if refusals is not None else None
+                    if why is None:
+                        raise
+                    raise MCPServerError(server_name, why) from exc
                 tools.extend(page.tools)
                 cursor = page.next_cursor
                 if not cursor or len(tools) > MAX_TOOLS:
@@ -184,14 +194,14 @@ def _check_server_name(server_name: str, root: Path) -> None:
 
 
 async def _build_from_server(
-    server_name: str, params: StdioServer | HttpServer, timings: dict[str, float]
+    server_name: str, params: StdioServer | HttpServer, timings: dict[str, float], oauth: OAuth | None
 ) -> PackageSources:
     with tempfile.TemporaryFile("w+", encoding="utf-8") as errlog:
-        return await _build_from_watched_server(server_name, ServerExitWatch(params, errlog), timings)
+        return await _build_from_watched_server(server_name, ServerExitWatch(params, errlog), timings, oauth)
 
 
 async def _build_from_watched_server(
-    server_name: str, watch: ServerExitWatch, timings: dict[str, float]
+    server_name: str, watch: ServerExitWatch, timings: dict[str, float], oauth: OAuth | None
 ) -> PackageSources:
     sources: PackageSources | None = None
     send, receive = anyio.create_memory_object_stream[_Listing](1)
@@ -199,7 +209,7 @@ async def _build_from_watched_server(
         async with anyio.create_task_group() as tg:
             # Loading the model generator takes a while; do it while the server starts up.
             tg.start_soon(lambda: anyio.to_thread.run_sync(warm_up, abandon_on_cancel=True))
-            tg.start_soon(_list_tools, server_name, watch, timings, send)
+            tg.start_soon(_list_tools, server_name, watch, timings, send, oauth)
             with receive:
                 try:
                     listing = await receive.receive()
@@ -244,6 +254,8 @@ async def generate_package(
     server_name: str,
     server_params: Mapping[str, Any] | StdioServer | HttpServer,
     root_dir: Path | str,
+    *,
+    oauth: OAuth | None = None,
 ) -> GenerationReport:
     """Generate the typed package of an MCP server and report what was written.
 
@@ -264,7 +276,7 @@ async def generate_package(
         check_tools_dir(real)
     _check_server_name(server_name, real)
     timings: dict[str, float] = {}
-    sources = await _build_from_server(server_name, params, timings)
+    sources = await _build_from_server(server_name, params, timings, oauth)
     start = time.perf_counter()
     changed = await anyio.to_thread.run_sync(_install, root, sources, server_name, params)
     timings["write"] = time.perf_counter() - start
@@ -283,6 +295,8 @@ async def generate_mcp_sources(
     server_name: str,
     server_params: Mapping[str, Any] | StdioServer | HttpServer,
     root_dir: Path | str,
+    *,
+    oauth: OAuth | None = None,
 ) -> list[str]:
     """Generate a typed Python package for the tools of an MCP server.
 
@@ -302,6 +316,9 @@ async def generate_mcp_sources(
             ``{"url": ..., "headers": {...}}`` (optionally ``"type": "sse"``) for an HTTP server,
             or a `StdioServer`/`HttpServer`. ``${VAR}`` placeholders are resolved when connecting.
         root_dir: The tools directory (importable as a package, e.g. ``mcptools``).
+        oauth: For a server with ``"oauth"`` in its parameters: how a person authorizes and where
+            tokens are kept (`ipybox.oauth.OAuth`; default: the default token store, and no person
+            to ask). Pass the same to `CodeExecutor`. Tokens are never written under ``root_dir``.
 
     Returns:
         The names of the tool modules written, sorted.
@@ -314,5 +331,5 @@ async def generate_mcp_sources(
         GenerationError: The server could not be reached, or lists no tools. The previously
             generated package, if any, is left as it was.
     """
-    report = await generate_package(server_name, server_params, root_dir)
+    report = await generate_package(server_name, server_params, root_dir, oauth=oauth)
     return list(report.modules)
