@@ -19,13 +19,14 @@ old one and swapped in only when complete, so a failed generation leaves the pre
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.to_thread
@@ -45,12 +46,17 @@ from ._modelgen import warm_up
 from ._names import python_identifier
 from ._sources import MAX_TOOLS, PackageSources, build_package_sources
 
+if TYPE_CHECKING:
+    from mcp import ClientSession
+
 __all__ = ("GenerationReport", "generate_mcp_sources", "generate_package")
 
 # Listing tools is one or a few round trips; a server that takes longer is stuck.
 LIST_TOOLS_TIMEOUT = 30.0
 # A bound that keeps a hostile server from making generation run (or write) without end (see MAX_TOOLS).
 MAX_TOOL_PAGES = 100
+# Resources and prompts listed in a package's docstring; the rest are counted, not listed.
+MAX_LISTED = 100
 
 _CONNECTION_ERRORS = (
     MCPServerError,
@@ -95,6 +101,24 @@ class _Listing:
     tools: list[mcp_types.Tool]
     server_info: mcp_types.Implementation | None
     instructions: str | None
+    resources: list[mcp_types.Resource]
+    prompts: list[mcp_types.Prompt]
+
+
+async def _list_others(session: ClientSession) -> tuple[list[mcp_types.Resource], list[mcp_types.Prompt]]:
+    """The first page of the server's resources and prompts, for the package's docstring; none
+    when the server does not offer them (or fails to list them: they are only listed)."""
+    capabilities = session.server_capabilities
+    resources: list[mcp_types.Resource] = []
+    prompts: list[mcp_types.Prompt] = []
+    with anyio.move_on_after(LIST_TOOLS_TIMEOUT):
+        if capabilities is not None and capabilities.resources is not None:
+            with contextlib.suppress(MCPError):
+                resources = (await session.list_resources()).resources[:MAX_LISTED]
+        if capabilities is not None and capabilities.prompts is not None:
+            with contextlib.suppress(MCPError):
+                prompts = (await session.list_prompts()).prompts[:MAX_LISTED]
+    return resources, prompts
 
 
 async def _list_tools(
@@ -130,7 +154,8 @@ async def _list_tools(
             else:
                 raise GenerationError(server_name, f"the tool listing has more than {MAX_TOOL_PAGES} pages")
         timings["list_tools"] = time.perf_counter() - start
-        await send.send(_Listing(tools, session.server_info, session.instructions))
+        resources, prompts = await _list_others(session)
+        await send.send(_Listing(tools, session.server_info, session.instructions, resources, prompts))
         start = time.perf_counter()
     # Stopping a stdio server takes a while; generation runs meanwhile.
     timings["disconnect"] = time.perf_counter() - start
@@ -223,6 +248,8 @@ async def _build_from_watched_server(
                         listing.tools,
                         server_info=listing.server_info,
                         instructions=listing.instructions,
+                        resources=listing.resources,
+                        prompts=listing.prompts,
                     )
                 )
                 timings["generate"] = time.perf_counter() - start
@@ -265,7 +292,7 @@ async def generate_package(
     Raises:
         UsageError: The name or parameters are invalid, the name clashes with another server's, or
             ``root_dir`` is not a tools directory the host can trust (see `generate_mcp_sources`).
-        GenerationError: The server could not be reached or listed no tools; nothing was changed.
+        GenerationError: The server could not be reached; nothing was changed.
     """
     began = time.perf_counter()
     params = parse_server_params(server_params)
@@ -328,7 +355,7 @@ async def generate_mcp_sources(
             Also when ``root_dir`` is a symlink or goes through one below the current directory
             (kernel code may have planted it to redirect the host's writes), belongs to another
             user, or can be written by others; or its manifest is not a private file of yours.
-        GenerationError: The server could not be reached, or lists no tools. The previously
+        GenerationError: The server could not be reached. The previously
             generated package, if any, is left as it was.
     """
     report = await generate_package(server_name, server_params, root_dir, oauth=oauth)
