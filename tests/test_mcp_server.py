@@ -169,6 +169,8 @@ async def test_a_stdio_client_registers_a_server_calls_its_tools_from_code_and_l
             assert {"execute_ipython_cell", "register_mcp_server", "list_mcp_servers", "get_tool_stubs"} <= set(tools)
             assert {"install_package", "reset", "upload_file", "download_file"} <= set(tools)
             assert "timeout" in tools["execute_ipython_cell"].input_schema["properties"]
+            read_only = {name for name, tool in tools.items() if tool.annotations and tool.annotations.read_only_hint}
+            assert read_only == {"list_mcp_servers", "get_tool_stubs", "search_tools", "download_file"}
 
             registered = await _call(client, "register_mcp_server", server_name="test", server_params=params)
             assert not registered.is_error, _text(registered)
