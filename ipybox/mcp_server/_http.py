@@ -17,6 +17,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from ipybox._exceptions import UsageError
 
 from ._config import TOKEN_ENV, ServerConfig, add_arguments, bearer_token, check_exposure, config_from_args
+from ._events import RETRY_MS, BoundedEventStore
 from ._server import build_server
 
 __all__ = ("main", "run_parsed", "serve")
@@ -94,7 +95,14 @@ async def serve(
         allowed_hosts=[f"{host}:*", "127.0.0.1:*", "localhost:*", "[::1]:*"],
         allowed_origins=[f"http://{host}:*", "http://127.0.0.1:*", "http://localhost:*"],
     )
-    app: Any = server.streamable_http_app(session_idle_timeout=config.idle_ttl, transport_security=security, host=host)
+    app: Any = server.streamable_http_app(
+        session_idle_timeout=config.idle_ttl,
+        transport_security=security,
+        host=host,
+        # Event ids and a retry hint: a client that loses the connection during a long cell resumes it.
+        event_store=BoundedEventStore(),
+        retry_interval=RETRY_MS,
+    )
     if token is not None:
         app = _require_bearer(app, token)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
