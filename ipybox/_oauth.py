@@ -84,8 +84,9 @@ class OAuth:
 
     authorize: Authorize | None = None
     store: TokenStore = field(default_factory=FileTokenStore)
+    # One provider per server and parameters, shared by all of its sessions.
     _providers: dict[tuple[str, str], httpx2.Auth] = field(
-        default_factory=dict[tuple[str, str], "httpx2.Auth"], repr=False
+        default_factory=dict[tuple[str, str], "httpx2.Auth"], init=False, repr=False
     )
 
     def provider(self, name: str, params: HttpServer) -> httpx2.Auth:
