@@ -159,10 +159,12 @@ async def test_a_token_that_expires_during_a_running_code_action_is_refreshed_wi
 ) -> None:
     workspace, root = tmp_path / "ws", tmp_path / "ws" / "mcptools"
     workspace.mkdir()
-    oauth = OAuth(authorize=Person(), store=FileTokenStore(tmp_path / "tokens"))
+    store = FileTokenStore(tmp_path / "tokens")
     # The log is in the workspace, so that the kernel's loop can see when the refresh happened.
     with notes_server(workspace / "log.jsonl", "--lifetime", "2") as notes:
-        await generate_mcp_sources("notes", params(notes.url), root, oauth=oauth)
+        await generate_mcp_sources("notes", params(notes.url), root, oauth=OAuth(authorize=Person(), store=store))
+        # The executor starts from the store alone, as a later process would.
+        oauth = OAuth(authorize=Person(), store=store)
         code = """
 import time
 from mcptools.notes import read_notes
