@@ -67,8 +67,10 @@ def _server_params(args: argparse.Namespace) -> dict[str, Any]:
                 oauth["redirect_uri"] = args.redirect_uri
             params["oauth"] = {key: value for key, value in oauth.items() if value is not None}
         return params
-    if args.header or args.transport != "streamable-http" or args.oauth or any(oauth_options):
-        raise UsageError("--header, --transport and the OAuth options apply to --url servers, not to a command")
+    if args.header or args.transport != "streamable-http":
+        raise UsageError("--header and --transport apply to --url servers, not to a command")
+    if args.oauth or any(oauth_options):
+        raise UsageError("--oauth and the other OAuth options apply to --url servers, not to a command")
     return {"command": command[0], "args": command[1:], "env": _pairs(args.env, "--env"), "cwd": args.cwd}
 
 
