@@ -23,6 +23,7 @@ from .codegen._stubs import render_tool_stubs
 from .mcp_server._config import add_arguments as add_mcp_arguments
 
 if TYPE_CHECKING:
+    from ._oauth import OAuth
     from .codegen._codegen import GenerationReport
 
 __all__ = ("main",)
@@ -51,12 +52,26 @@ def _server_params(args: argparse.Namespace) -> dict[str, Any]:
             "give the server either as a command after '--' (ipybox generate NAME -- npx -y some-server) "
             "or with --url URL"
         )
+    oauth_options = [args.scope, args.client_id, args.client_secret, args.redirect_uri, args.client_credentials]
     if args.url:
         if args.env or args.cwd:
             raise UsageError("--env and --cwd apply to servers started with a command, not to --url")
-        return {"url": args.url, "type": args.transport, "headers": _pairs(args.header, "--header")}
+        params: dict[str, Any] = {"url": args.url, "type": args.transport, "headers": _pairs(args.header, "--header")}
+        if args.oauth or any(oauth_options):
+            oauth = {
+                "grant": "client_credentials" if args.client_credentials else "authorization_code",
+                "scope": args.scope,
+                "client_id": args.client_id,
+                "client_secret": args.client_secret,
+            }
+            if args.redirect_uri:
+                oauth["redirect_uri"] = args.redirect_uri
+            params["oauth"] = {key: value for key, value in oauth.items() if value is not None}
+        return params
     if args.header or args.transport != "streamable-http":
         raise UsageError("--header and --transport apply to --url servers, not to a command")
+    if args.oauth or any(oauth_options):
+        raise UsageError("--oauth and the other OAuth options apply to --url servers, not to a command")
     return {"command": command[0], "args": command[1:], "env": _pairs(args.env, "--env"), "cwd": args.cwd}
 
 
@@ -86,13 +101,25 @@ def _print_report(report: GenerationReport, root: Path) -> None:
 def _cmd_generate(args: argparse.Namespace) -> int:
     # Imported here, like the MCP server below: code generation needs the MCP client and
     # datamodel-code-generator, which `ipybox --version`, `--help` and `stubs` should not load.
-    from .codegen._codegen import generate_package
+    from ._loopback import LoopbackAuthorizer
+    from ._oauth import OAuth
 
     params = _server_params(args)
     root = Path(args.root)
-    report = anyio.run(generate_package, args.name, params, root)
+    # A person at this terminal authorizes in the host's browser; tokens go to the default store.
+    oauth = OAuth(authorize=LoopbackAuthorizer())
+    report = _generate(args.name, params, root, oauth)
     _print_report(report, root)
     return 0
+
+
+def _generate(name: str, params: dict[str, Any], root: Path, oauth: OAuth) -> GenerationReport:
+    from .codegen._codegen import generate_package
+
+    async def run() -> GenerationReport:
+        return await generate_package(name, params, root, oauth=oauth)
+
+    return anyio.run(run)
 
 
 def _cmd_stubs(args: argparse.Namespace) -> int:
@@ -126,7 +153,8 @@ def _build_parser() -> argparse.ArgumentParser:
         help="generate the typed Python package of an MCP server",
         description="Connect to an MCP server and write a typed Python module per tool under --root.",
         epilog="examples:\n  ipybox generate fetch -- uvx mcp-server-fetch\n"
-        "  ipybox generate search --url http://127.0.0.1:8000/mcp --header 'Authorization=Bearer ${TOKEN}'",
+        "  ipybox generate search --url http://127.0.0.1:8000/mcp --header 'Authorization=Bearer ${TOKEN}'\n"
+        "  ipybox generate linear --url https://mcp.linear.app/mcp --oauth",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     generate.add_argument("name", help="the name to register the server under (the package name is derived)")
@@ -135,6 +163,20 @@ def _build_parser() -> argparse.ArgumentParser:
         "--transport", choices=["streamable-http", "sse"], default="streamable-http", help="for --url"
     )
     generate.add_argument("--header", action="append", metavar="NAME=VALUE", help="HTTP header for --url")
+    generate.add_argument(
+        "--oauth",
+        action="store_true",
+        help="for --url: authorize with OAuth 2.1 in the browser (tokens stay on the host)",
+    )
+    generate.add_argument("--scope", help="OAuth scopes to ask for (default: what the server names)")
+    generate.add_argument("--client-id", help="a pre-registered OAuth client (default: the client registers itself)")
+    generate.add_argument(
+        "--client-secret", help="its secret; write it as '${VAR}' so the manifest keeps only the name"
+    )
+    generate.add_argument("--redirect-uri", help="where the browser returns (default http://127.0.0.1:47651/callback)")
+    generate.add_argument(
+        "--client-credentials", action="store_true", help="OAuth client credentials (no browser; needs --client-id)"
+    )
     generate.add_argument("--env", action="append", metavar="NAME=VALUE", help="environment for a command")
     generate.add_argument("--cwd", help="working directory for a command")
     generate.add_argument("--root", default=DEFAULT_ROOT, help=f"the tools directory (default: {DEFAULT_ROOT})")

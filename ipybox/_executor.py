@@ -32,6 +32,7 @@ from ._kernelside import KernelSide
 from ._keyed import KeyedExecutions
 from ._manifest import load_manifest
 from ._mcp import HttpServer, StdioServer
+from ._oauth import OAuth
 from ._packages import install_package
 from ._pool import KernelPool
 from ._running import run_execution
@@ -112,6 +113,11 @@ class CodeExecutor:
             only receives the images of results, `upload` and `download` copy files to and from the
             kernel's working directory over the kernel protocol (in turn with executions), and
             `install` is refused (see the "Remote kernels" documentation).
+        oauth: For MCP servers with ``"oauth"`` in their parameters: how a person authorizes
+            (a callback that gets the authorization URL) and where tokens are kept, on the host
+            only (`ipybox.oauth.OAuth`; default: the default token store, no person to ask). One
+            token per server, shared by all its sessions and refreshed without the kernel
+            noticing; kernel code never sees it.
     """
 
     def __init__(
@@ -128,6 +134,7 @@ class CodeExecutor:
         network: Network | None = None,
         pool: KernelPool | None = None,
         kernel: GatewayKernel | None = None,
+        oauth: OAuth | None = None,
     ) -> None:
         workspace_path = Path(workspace).resolve()
         if not workspace_path.is_dir():
@@ -165,6 +172,7 @@ class CodeExecutor:
             self._remote_files = RemoteFiles(self._kernels, self._lock, self.gateway, self.timeouts.interrupt_grace)
         self._keyed = KeyedExecutions()
         self._tools: ToolServer | None = None
+        self._oauth = oauth
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -195,6 +203,7 @@ class CodeExecutor:
             gate=self._gate.tool,
             call_timeout=self.timeouts.tool,
             listener=listeners.tools,
+            oauth=self._oauth,
         )
         self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
         if side.has_skills:

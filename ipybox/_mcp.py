@@ -12,24 +12,36 @@ import re
 import shlex
 import shutil
 import sys
+import weakref
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TextIO
 
-import anyio
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from ._exceptions import MCPServerError, UsageError
 
 if TYPE_CHECKING:
+    import httpx2
+    import mcp_types
     from mcp import ClientSession
 
+    from ._oauth import AuthFailures, OAuth
+
+from ._oauth import printable
+
 __all__ = (
+    "DEFAULT_REDIRECT_URI",
+    "HttpRefusals",
     "HttpServer",
+    "OAuthParams",
     "ServerExitWatch",
     "ServerParams",
     "StdioServer",
+    "client_info",
     "describe_server",
+    "http_refusals",
     "open_session",
     "parse_server_params",
     "resolve_placeholders",
@@ -54,6 +66,46 @@ class StdioServer(BaseModel):
     cwd: str | None = None
 
 
+# Where the CLI's browser flow listens; fixed, so that a client registered once keeps working.
+DEFAULT_REDIRECT_URI = "http://127.0.0.1:47651/callback"
+
+
+class OAuthParams(BaseModel):
+    """How ipybox authenticates to a remote MCP server with OAuth 2.1 (see the "OAuth" docs).
+
+    Written to the manifest with the other parameters, so it holds no token: secrets belong in
+    ``${VAR}`` placeholders, resolved on the host when connecting. Tokens are kept in the host's
+    token store (`ipybox.oauth.OAuth`), never here.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    grant: Literal["authorization_code", "client_credentials"] = "authorization_code"
+    """``authorization_code`` (a person authorizes once; PKCE, refresh) or ``client_credentials``
+    (no person: ``client_id`` plus ``client_secret`` or ``private_key``)."""
+    scope: str | None = None
+    """Scopes to ask for; by default those the server names (``WWW-Authenticate``, its metadata)."""
+    client_id: str | None = None
+    """A pre-registered client; without it the client registers itself (dynamic registration or
+    ``client_metadata_url``)."""
+    client_secret: str | None = None
+    """The pre-registered client's secret; write it as ``${VAR}``."""
+    token_endpoint_auth_method: (
+        Literal["none", "client_secret_basic", "client_secret_post", "private_key_jwt"] | None
+    ) = None
+    private_key: str | None = None
+    """A PEM private key for ``private_key_jwt`` client credentials; write it as ``${VAR}``."""
+    signing_algorithm: str = "RS256"
+    issuer: str | None = None
+    """The authorization server the client credentials belong to; tokens are asked only there."""
+    client_metadata_url: str | None = None
+    """An HTTPS URL of this client's metadata document (used instead of registering, where the
+    authorization server supports it)."""
+    redirect_uri: str = Field(default=DEFAULT_REDIRECT_URI, pattern=r"^https?://")
+    """Where the browser returns after authorizing; the CLI listens there (a 127.0.0.1 URL)."""
+    client_name: str = "ipybox"
+
+
 class HttpServer(BaseModel):
     """A running MCP server reached over streamable HTTP (the default) or SSE."""
 
@@ -63,6 +115,13 @@ class HttpServer(BaseModel):
     url: str = Field(pattern=r"^https?://")
     headers: Mapping[str, str] | None = None
     """Extra HTTP headers, e.g. ``Authorization``. Values may hold ``${VAR}`` placeholders."""
+    oauth: OAuthParams | None = None
+    """Authenticate with OAuth 2.1 (``{}`` for the defaults, or `OAuthParams`; ``true`` in JSON)."""
+
+    @field_validator("oauth", mode="before")
+    @classmethod
+    def _oauth_flag(cls, value: object) -> object:
+        return {} if value is True else None if value is False else value
 
 
 ServerParams = Annotated[StdioServer | HttpServer, Field(discriminator="type")]
@@ -170,10 +229,20 @@ def resolve_placeholders(
                 "cwd": None if params.cwd is None else sub(params.cwd),
             }
         )
+    oauth = params.oauth
+    if oauth is not None:
+        oauth = oauth.model_copy(
+            update={
+                key: sub(value)
+                for key in ("client_id", "client_secret", "private_key", "scope")
+                if isinstance(value := getattr(oauth, key), str)
+            }
+        )
     return params.model_copy(
         update={
             "url": sub(params.url),
             "headers": None if params.headers is None else {k: sub(v) for k, v in params.headers.items()},
+            "oauth": oauth,
         }
     )
 
@@ -189,8 +258,89 @@ def describe_server(params: StdioServer | HttpServer) -> str:
         if params.cwd:
             extras.append(f"cwd: {params.cwd}")
         return f"{line} ({'; '.join(extras)})" if extras else line
-    extra = f" (headers: {', '.join(sorted(params.headers))})" if params.headers else ""
-    return f"{params.type} {params.url}{extra}"
+    extras = [f"headers: {', '.join(sorted(params.headers))}"] if params.headers else []
+    if params.oauth is not None:
+        extras.append(f"OAuth {params.oauth.grant.replace('_', ' ')}")
+    return f"{params.type} {params.url}" + (f" ({'; '.join(extras)})" if extras else "")
+
+
+@dataclass(eq=False)
+class HttpRefusals:
+    """What an HTTP server last refused (401/403, its ``WWW-Authenticate``) and why OAuth failed,
+    for the error of a request the transport reports only as "Server returned an error response".
+
+    Everything here comes from the server: it is shown only cleaned and bounded.
+    """
+
+    name: str
+    url: str
+    oauth: bool
+    failures: AuthFailures | None = None
+    status: int | None = None
+    challenge: str | None = None
+    count: int = 0
+
+    def mark(self) -> tuple[int, int]:
+        """A point to explain later failures from (`explain`)."""
+        return self.count, self.failures.count if self.failures is not None else 0
+
+    async def record(self, response: httpx2.Response) -> None:
+        if response.status_code in (401, 403):
+            self.status = response.status_code
+            self.challenge = response.headers.get("www-authenticate")
+            self.count += 1
+
+    def explain(self, mark: tuple[int, int]) -> str | None:
+        """Why requests since ``mark`` were refused, with what to change; None if none was."""
+        failure = self.failures.since(mark[1]) if self.failures is not None else None
+        if failure is not None:
+            return f"OAuth authorization failed: {printable(str(failure) or type(failure).__name__, 400)}"
+        if self.count <= mark[0] or self.status is None:
+            return None
+        challenge = printable(self.challenge, 300) if self.challenge else None
+        said = f" (WWW-Authenticate: {challenge})" if challenge else ""
+        if self.status == 401:
+            if self.oauth:
+                return f"the server answered 401 Unauthorized{said} even after OAuth authorization"
+            return (
+                f"the server answered 401 Unauthorized{said}: it needs authorization. Give it OAuth ('\"oauth\": {{}}' "
+                f"in its parameters, or 'ipybox generate {self.name} --url {self.url} --oauth'), or a token header "
+                '(\'"headers": {"Authorization": "Bearer ${TOKEN}"}\')'
+            )
+        error, scope = _challenge_field(self.challenge, "error"), _challenge_field(self.challenge, "scope")
+        if error == "insufficient_scope":
+            needs = f"scope {printable(scope, 200)!r}" if scope else "more scope"
+            fix = (
+                "authorizing the extra scope did not succeed"
+                if self.oauth
+                else "use a token that has it, or OAuth, which asks for it when a call needs it"
+            )
+            return f"the server answered 403 insufficient_scope: this needs {needs}; {fix}"
+        return f"the server answered 403 Forbidden{said}"
+
+
+_REFUSALS: weakref.WeakKeyDictionary[ClientSession, HttpRefusals] = weakref.WeakKeyDictionary()
+
+
+def http_refusals(session: ClientSession) -> HttpRefusals | None:
+    """The refusal record of a session `open_session` made with an HTTP server (None for stdio)."""
+    return _REFUSALS.get(session)
+
+
+def _challenge_field(challenge: str | None, key: str) -> str | None:
+    if not challenge:
+        return None
+    match = re.search(rf'(?:^|[\s,]){key}="([^"]*)"|(?:^|[\s,]){key}=([^\s,]+)', challenge)
+    return None if match is None else match.group(1) or match.group(2)
+
+
+def client_info() -> mcp_types.Implementation:
+    """How ipybox introduces itself to MCP servers."""
+    import mcp_types
+
+    from . import __version__
+
+    return mcp_types.Implementation(name="ipybox", version=__version__)
 
 
 @asynccontextmanager
@@ -200,13 +350,17 @@ async def open_session(
     *,
     connect_timeout: float = CONNECT_TIMEOUT,
     errlog: TextIO = sys.stderr,
+    oauth: OAuth | None = None,
 ) -> AsyncGenerator[ClientSession]:
     """Connect to an MCP server and yield an initialized session.
 
-    ``${VAR}`` placeholders are resolved from the host environment here, at connect time.
+    ``${VAR}`` placeholders are resolved from the host environment here, at connect time. A server
+    with ``oauth`` gets its auth from ``oauth`` (default: an `OAuth` with the default token store
+    and no person to ask); the connect timeout stands still while a person authorizes.
 
     Raises:
-        MCPServerError: The server could not be started or did not complete the MCP handshake.
+        MCPServerError: The server could not be started, refused the connection (the message says
+            why: a 401 and what it asked for, an OAuth failure) or did not complete the handshake.
         UsageError: A placeholder names an unset variable.
     """
     # Imported here: the server parameters above are also read by `ipybox --help`, `ipybox stubs` and
@@ -215,8 +369,13 @@ async def open_session(
     from mcp import ClientSession, StdioServerParameters, stdio_client
     from mcp.client.sse import sse_client
     from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+
+    from ._oauth import OAuth, pausable_deadline
 
     resolved = resolve_placeholders(params)
+    refusals: HttpRefusals | None = None
+    mark = (0, 0)
     async with AsyncExitStack() as stack:
         try:
             if isinstance(resolved, StdioServer):
@@ -227,23 +386,59 @@ async def open_session(
                     cwd=resolved.cwd,
                 )
                 read, write = await stack.enter_async_context(stdio_client(server, errlog=errlog))
-            elif resolved.type == "sse":
-                read, write = await stack.enter_async_context(
-                    sse_client(resolved.url, headers=dict(resolved.headers or {}), timeout=connect_timeout)
-                )
             else:
-                client = await stack.enter_async_context(
-                    httpx2.AsyncClient(
-                        headers=dict(resolved.headers or {}),
-                        timeout=httpx2.Timeout(connect_timeout, read=300.0),
-                    )
+                auth = None
+                if resolved.oauth is not None:
+                    oauth = oauth or OAuth()
+                    auth = oauth.provider(name, resolved)
+                refusals = HttpRefusals(
+                    name,
+                    params.url if isinstance(params, HttpServer) else resolved.url,
+                    auth is not None,
+                    oauth.failures(auth) if oauth and auth else None,
                 )
-                read, write = await stack.enter_async_context(streamable_http_client(resolved.url, http_client=client))
-            session = await stack.enter_async_context(ClientSession(read, write))
-            with anyio.fail_after(connect_timeout):
+                hooks = {"response": [refusals.record]}
+                timeout = httpx2.Timeout(connect_timeout, read=300.0)
+                headers = dict(resolved.headers or {})
+
+                def factory(
+                    headers: dict[str, str] | None = None,
+                    timeout: httpx2.Timeout | None = timeout,
+                    auth: httpx2.Auth | None = auth,
+                ) -> httpx2.AsyncClient:
+                    return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, event_hooks=hooks)
+
+                if resolved.type == "sse":
+                    read, write = await stack.enter_async_context(
+                        sse_client(
+                            resolved.url,
+                            headers=headers,
+                            timeout=connect_timeout,
+                            auth=auth,
+                            httpx_client_factory=factory,
+                        )
+                    )
+                else:
+                    client = await stack.enter_async_context(factory(headers))
+                    read, write = await stack.enter_async_context(
+                        streamable_http_client(resolved.url, http_client=client)
+                    )
+            session = await stack.enter_async_context(ClientSession(read, write, client_info=client_info()))
+            if refusals is not None:
+                _REFUSALS[session] = refusals
+            mark = refusals.mark() if refusals is not None else mark
+            with pausable_deadline(connect_timeout) as scope:
                 await session.initialize()
+            if scope.cancelled_caught:
+                raise TimeoutError
         except TimeoutError:
-            raise MCPServerError(name, f"no MCP handshake within {connect_timeout:g} s") from None
+            why = refusals.explain(mark) if refusals is not None else None
+            raise MCPServerError(name, why or f"no MCP handshake within {connect_timeout:g} s") from None
+        except MCPError as exc:
+            why = refusals.explain(mark) if refusals is not None else None
+            if why is None:
+                raise
+            raise MCPServerError(name, f"cannot connect: {why}") from exc
         except (OSError, httpx2.HTTPError) as exc:
             raise MCPServerError(name, f"cannot connect: {exc}") from exc
         yield session

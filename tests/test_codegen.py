@@ -232,15 +232,17 @@ async def test_a_changed_server_replaces_the_package(tmp_path: Path) -> None:
     assert not [p for p in root.iterdir() if p.name.startswith(".shapes")]
 
 
-async def test_a_server_with_zero_tools_fails_and_keeps_the_previous_package(tmp_path: Path) -> None:
+async def test_a_server_without_tools_is_registered_with_an_empty_package_that_lists_its_resources_and_prompts(
+    tmp_path: Path,
+) -> None:
     root = tmp_path / "mcptools"
     await generate_package("shapes", shapes_params(), root)
-    before = package_files(root, "shapes")
-    with pytest.raises(GenerationError, match="lists no tools") as info:
-        await generate_mcp_sources("shapes", shapes_params("--variant", "empty"), root)
-    assert info.value.server_name == "shapes"
-    assert package_files(root, "shapes") == before
-    assert load_manifest(root)["shapes"] == parse_server_params(shapes_params())
+    assert await generate_mcp_sources("shapes", shapes_params("--variant", "empty"), root) == []
+    assert sorted(package_files(root, "shapes")) == sorted(["__init__.py", INDEX_FILE])
+    init = (root / "shapes" / "__init__.py").read_text()
+    assert "offers no tools" in init
+    assert "docs://readme: How the shapes are drawn." in init and "describe: Describe a shape." in init
+    assert load_manifest(root)["shapes"] == parse_server_params(shapes_params("--variant", "empty"))
 
 
 async def test_a_server_that_is_gone_fails_clearly_and_keeps_the_previous_package(tmp_path: Path) -> None:

@@ -32,12 +32,15 @@ from codegen_support import EVERYTHING_BIN, everything_params
 from mcp import Client, StdioServerParameters, types
 from mcp.client.context import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.streamable_http import EventMessage
+from mcp_types import JSONRPCNotification
 from memory_support import reset_resident_peak, resident, resident_peak
 from network_support import serving
 from servers.fixtures import stdio_server, wait_for_exit
 
 import ipybox
 from ipybox import UsageError
+from ipybox.mcp_server._events import BoundedEventStore
 
 pytestmark = pytest.mark.anyio
 
@@ -171,6 +174,8 @@ async def test_a_stdio_client_registers_a_server_calls_its_tools_from_code_and_l
             assert {"execute_ipython_cell", "register_mcp_server", "list_mcp_servers", "get_tool_stubs"} <= set(tools)
             assert {"install_package", "reset", "upload_file", "download_file"} <= set(tools)
             assert "timeout" in tools["execute_ipython_cell"].input_schema["properties"]
+            read_only = {name for name, tool in tools.items() if tool.annotations and tool.annotations.read_only_hint}
+            assert read_only == {"list_mcp_servers", "get_tool_stubs", "search_tools", "download_file"}
 
             registered = await _call(client, "register_mcp_server", server_name="test", server_params=params)
             assert not registered.is_error, _text(registered)
@@ -491,6 +496,34 @@ async def _http_client(
         transport = streamable_http_client(server.url, http_client=http)
         async with Client(transport, elicitation_callback=elicitation, mode=mode) as client:
             yield client
+
+
+async def test_an_http_response_stream_carries_event_ids_and_a_retry_hint_and_is_replayed_after_a_lost_connection(
+    tmp_path: Path,
+) -> None:
+    """A client that lost the stream of a request reconnects with Last-Event-ID and gets the answer."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    async with _http_ipybox(tmp_path) as server:
+        headers = {"Authorization": f"Bearer {server.token}", "Accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient(headers=headers, timeout=START_TIMEOUT) as http:
+            response = await http.post(server.url, json=initialize)
+            events = [line for line in response.text.splitlines() if line.startswith(("id:", "retry:", "data:"))]
+            assert "retry: 1000" in events
+            first_id = next(line.removeprefix("id:").strip() for line in events if line.startswith("id:"))
+            # The connection was lost after the first event: ask for what followed it.
+            session = {"mcp-session-id": response.headers["mcp-session-id"], "Last-Event-ID": first_id}
+            async with http.stream("GET", server.url, headers=session) as replay:
+                text = ""
+                async for chunk in replay.aiter_text():
+                    text += chunk
+                    if '"serverInfo"' in text:
+                        break
+    assert '"id":1' in text.replace(" ", "") and '"name":"ipybox"' in text.replace(" ", "")
 
 
 async def test_http_sessions_are_isolated_and_a_closed_session_leaves_no_kernel_behind(tmp_path: Path) -> None:
@@ -924,3 +957,17 @@ def test_a_pool_is_refused_over_stdio_where_there_is_one_session(tmp_path: Path)
     command = [sys.executable, "-m", "ipybox", "mcp", "--workspace", str(tmp_path), "--pool", "2"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT, cwd=REPO, check=False)
     assert done.returncode == 2 and "over stdio there is one session: drop --pool" in done.stderr
+
+
+async def test_the_event_store_keeps_only_the_newest_events_and_replays_nothing_for_an_evicted_id() -> None:
+    store = BoundedEventStore(max_events=3)
+    message = JSONRPCNotification(jsonrpc="2.0", method="notifications/progress")
+    ids = [await store.store_event("s", message) for _ in range(5)]
+    replayed: list[str | None] = []
+
+    async def send(event: EventMessage) -> None:
+        replayed.append(event.event_id)
+
+    assert await store.replay_events_after(ids[0], send) is None  # evicted
+    assert await store.replay_events_after(ids[2], send) == "s"
+    assert replayed == ids[3:]

@@ -39,6 +39,7 @@ import anyio.abc
 from ipybox._approval import ApprovalDecision
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer
+from ipybox._oauth import OAuth
 from ipybox._unixsocket import accept_one, bind_socket, remove_socket
 
 from ._channel import (
@@ -117,6 +118,8 @@ class ToolServer:
         listener: A listening socket already bound at ``socket_path`` (a pooled kernel's, made
             before the kernel started so that its sandbox could mount it), served instead of
             binding one. The server owns it from then on.
+        oauth: Tokens and authorization for servers with ``oauth`` parameters (one per server,
+            shared by its sessions); default: the default token store, no person to ask.
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class ToolServer:
         connect_timeout: float = 30.0,
         max_connections: int = MAX_CONNECTIONS,
         listener: socket.socket | None = None,
+        oauth: OAuth | None = None,
     ) -> None:
         _check_token_strength(token)
         if call_timeout is not None and call_timeout <= 0:
@@ -140,7 +144,7 @@ class ToolServer:
         self._socket_path = Path(socket_path)
         self._token = token.encode()
         self._gate = gate
-        self._sessions = Sessions(call_timeout=call_timeout, connect_timeout=connect_timeout)
+        self._sessions = Sessions(call_timeout=call_timeout, connect_timeout=connect_timeout, oauth=oauth or OAuth())
         self._max_connections = max_connections
         self._builtins: dict[tuple[str, str], BuiltinTool] = {}
         self._budget = Budget(MAX_BUFFERED_BYTES)

@@ -10,7 +10,6 @@ one is owned by a task in the tool server's task group. Every failure of a call 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import tempfile
 import types
@@ -24,7 +23,8 @@ from mcp import ClientSession
 from mcp import types as mcp_types
 
 from ipybox._exceptions import UsageError
-from ipybox._mcp import HttpServer, StdioServer, describe_server, open_session, parse_server_params
+from ipybox._mcp import HttpServer, StdioServer, describe_server, http_refusals, open_session, parse_server_params
+from ipybox._oauth import OAuth, pausable_deadline
 
 from ._channel import ToolRequest, ToolResultReply
 from ._errors import ToolCallFailed, tool_errors
@@ -96,13 +96,16 @@ class Sessions:
     """The registered MCP servers by name, and a session with each one that is in use.
 
     Args:
-        call_timeout: Seconds one MCP call may take, not counting approval; None for no limit.
+        call_timeout: Seconds one MCP call may take, not counting approval (nor a person
+            authorizing an OAuth server); None for no limit.
         connect_timeout: Seconds to start or reach a server and list its tools.
+        oauth: Tokens and authorization of OAuth servers, shared by all their sessions.
     """
 
-    def __init__(self, *, call_timeout: float | None, connect_timeout: float) -> None:
+    def __init__(self, *, call_timeout: float | None, connect_timeout: float, oauth: OAuth) -> None:
         self.call_timeout = call_timeout
         self.connect_timeout = connect_timeout
+        self.oauth = oauth
         self.idle_probe_after = IDLE_PROBE_AFTER
         self.task_group: anyio.abc.TaskGroup | None = None
         """Owns the sessions; set by the tool server while it runs."""
@@ -241,7 +244,7 @@ class Sessions:
             try:
                 with tool_errors(f"MCP server {entry.name!r} failed to start or connect"):
                     async with open_session(
-                        entry.name, entry.params, connect_timeout=self.connect_timeout, errlog=stderr
+                        entry.name, entry.params, connect_timeout=self.connect_timeout, errlog=stderr, oauth=self.oauth
                     ) as session:
                         with anyio.fail_after(self.connect_timeout):
                             tools = await _list_all_tools(session)
@@ -264,13 +267,14 @@ class Sessions:
 
     async def _call(self, entry: _Entry, live: _Session, request: ToolRequest) -> ToolResultReply:
         server, tool, seq = request.server, request.tool, request.seq
-        deadline = math.inf if self.call_timeout is None else anyio.current_time() + self.call_timeout
         result: mcp_types.CallToolResult | None = None
+        refusals = http_refusals(live.session)
+        mark = refusals.mark() if refusals is not None else (0, 0)
         try:
             with tool_errors(f"the call to tool {tool!r} of MCP server {server!r}"):
                 try:
-                    # A bare scope rather than fail_after: the same deadline at half the cost on every call.
-                    with anyio.CancelScope(deadline=deadline):
+                    # Not fail_after: the deadline stands still while a person authorizes (OAuth step-up).
+                    with pausable_deadline(self.call_timeout) as deadline:
                         result = await live.session.call_tool(tool, request.arguments)
                 except RuntimeError as exc:
                     # The client checks structured results against the tool's output schema.
@@ -280,8 +284,15 @@ class Sessions:
         except ToolCallFailed as failed:
             if failed.kind == "server_crashed":
                 raise self._crashed(entry, live, request) from failed
+            why = refusals.explain(mark) if refusals is not None and failed.kind == "tool_error" else None
+            if why is not None:
+                # The transport says only "Server returned an error response"; the HTTP status,
+                # WWW-Authenticate and the OAuth flow's error say what happened.
+                raise ToolCallFailed(
+                    "tool_error", f"the call to tool {tool!r} of MCP server {server!r} was refused: {why}"
+                ) from failed
             raise
-        if result is None:  # the scope's deadline passed
+        if deadline.cancelled_caught:  # the deadline passed
             assert self.call_timeout is not None
             raise ToolCallFailed(
                 "timeout",
@@ -289,6 +300,7 @@ class Sessions:
                 "(the executor's tool call timeout)",
                 timeout=self.call_timeout,
             )
+        assert result is not None
         live.last_used = anyio.current_time()
         text = "\n".join(item.text for item in result.content if isinstance(item, mcp_types.TextContent))
         if result.is_error:

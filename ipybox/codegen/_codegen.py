@@ -19,13 +19,14 @@ old one and swapped in only when complete, so a failed generation leaves the pre
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.to_thread
@@ -36,7 +37,8 @@ from mcp.shared.exceptions import MCPError
 
 from ipybox._exceptions import GenerationError, MCPServerError, UsageError
 from ipybox._manifest import load_manifest, manifest_lock, save_manifest_entry
-from ipybox._mcp import HttpServer, ServerExitWatch, StdioServer, open_session, parse_server_params
+from ipybox._mcp import HttpServer, ServerExitWatch, StdioServer, http_refusals, open_session, parse_server_params
+from ipybox._oauth import OAuth
 from ipybox._tooldir import check_tools_dir, prepare_tools_dir, tools_dir_path
 from ipybox_kernel._records import INDEX_FILE
 
@@ -44,12 +46,17 @@ from ._modelgen import warm_up
 from ._names import python_identifier
 from ._sources import MAX_TOOLS, PackageSources, build_package_sources
 
+if TYPE_CHECKING:
+    from mcp import ClientSession
+
 __all__ = ("GenerationReport", "generate_mcp_sources", "generate_package")
 
 # Listing tools is one or a few round trips; a server that takes longer is stuck.
 LIST_TOOLS_TIMEOUT = 30.0
 # A bound that keeps a hostile server from making generation run (or write) without end (see MAX_TOOLS).
 MAX_TOOL_PAGES = 100
+# Resources and prompts listed in a package's docstring; the rest are counted, not listed.
+MAX_LISTED = 100
 
 _CONNECTION_ERRORS = (
     MCPServerError,
@@ -94,6 +101,24 @@ class _Listing:
     tools: list[mcp_types.Tool]
     server_info: mcp_types.Implementation | None
     instructions: str | None
+    resources: list[mcp_types.Resource]
+    prompts: list[mcp_types.Prompt]
+
+
+async def _list_others(session: ClientSession) -> tuple[list[mcp_types.Resource], list[mcp_types.Prompt]]:
+    """The first page of the server's resources and prompts, for the package's docstring; none
+    when the server does not offer them (or fails to list them: they are only listed)."""
+    capabilities = session.server_capabilities
+    resources: list[mcp_types.Resource] = []
+    prompts: list[mcp_types.Prompt] = []
+    with anyio.move_on_after(LIST_TOOLS_TIMEOUT):
+        if capabilities is not None and capabilities.resources is not None:
+            with contextlib.suppress(MCPError):
+                resources = (await session.list_resources()).resources[:MAX_LISTED]
+        if capabilities is not None and capabilities.prompts is not None:
+            with contextlib.suppress(MCPError):
+                prompts = (await session.list_prompts()).prompts[:MAX_LISTED]
+    return resources, prompts
 
 
 async def _list_tools(
@@ -101,18 +126,27 @@ async def _list_tools(
     watch: ServerExitWatch,
     timings: dict[str, float],
     send: MemoryObjectSendStream[_Listing],
+    oauth: OAuth | None,
 ) -> None:
     """Send the server's tool listing as soon as it is in, then close the session."""
     start = time.perf_counter()
-    async with send, open_session(server_name, watch.params, errlog=watch.errlog) as session:
+    async with send, open_session(server_name, watch.params, errlog=watch.errlog, oauth=oauth) as session:
         timings["connect"] = time.perf_counter() - start
         start = time.perf_counter()
         tools: list[mcp_types.Tool] = []
         cursor: str | None = None
+        refusals = http_refusals(session)
         with anyio.fail_after(LIST_TOOLS_TIMEOUT):
             for _ in range(MAX_TOOL_PAGES):
                 request = None if cursor is None else mcp_types.PaginatedRequestParams(cursor=cursor)
-                page = await session.list_tools(params=request)
+                mark = refusals.mark() if refusals is not None else (0, 0)
+                try:
+                    page = await session.list_tools(params=request)
+                except MCPError as exc:
+                    why = refusals.explain(mark) if refusals is not None else None
+                    if why is None:
+                        raise
+                    raise MCPServerError(server_name, why) from exc
                 tools.extend(page.tools)
                 cursor = page.next_cursor
                 if not cursor or len(tools) > MAX_TOOLS:
@@ -120,7 +154,8 @@ async def _list_tools(
             else:
                 raise GenerationError(server_name, f"the tool listing has more than {MAX_TOOL_PAGES} pages")
         timings["list_tools"] = time.perf_counter() - start
-        await send.send(_Listing(tools, session.server_info, session.instructions))
+        resources, prompts = await _list_others(session)
+        await send.send(_Listing(tools, session.server_info, session.instructions, resources, prompts))
         start = time.perf_counter()
     # Stopping a stdio server takes a while; generation runs meanwhile.
     timings["disconnect"] = time.perf_counter() - start
@@ -184,14 +219,14 @@ def _check_server_name(server_name: str, root: Path) -> None:
 
 
 async def _build_from_server(
-    server_name: str, params: StdioServer | HttpServer, timings: dict[str, float]
+    server_name: str, params: StdioServer | HttpServer, timings: dict[str, float], oauth: OAuth | None
 ) -> PackageSources:
     with tempfile.TemporaryFile("w+", encoding="utf-8") as errlog:
-        return await _build_from_watched_server(server_name, ServerExitWatch(params, errlog), timings)
+        return await _build_from_watched_server(server_name, ServerExitWatch(params, errlog), timings, oauth)
 
 
 async def _build_from_watched_server(
-    server_name: str, watch: ServerExitWatch, timings: dict[str, float]
+    server_name: str, watch: ServerExitWatch, timings: dict[str, float], oauth: OAuth | None
 ) -> PackageSources:
     sources: PackageSources | None = None
     send, receive = anyio.create_memory_object_stream[_Listing](1)
@@ -199,7 +234,7 @@ async def _build_from_watched_server(
         async with anyio.create_task_group() as tg:
             # Loading the model generator takes a while; do it while the server starts up.
             tg.start_soon(lambda: anyio.to_thread.run_sync(warm_up, abandon_on_cancel=True))
-            tg.start_soon(_list_tools, server_name, watch, timings, send)
+            tg.start_soon(_list_tools, server_name, watch, timings, send, oauth)
             with receive:
                 try:
                     listing = await receive.receive()
@@ -213,6 +248,8 @@ async def _build_from_watched_server(
                         listing.tools,
                         server_info=listing.server_info,
                         instructions=listing.instructions,
+                        resources=listing.resources,
+                        prompts=listing.prompts,
                     )
                 )
                 timings["generate"] = time.perf_counter() - start
@@ -244,6 +281,8 @@ async def generate_package(
     server_name: str,
     server_params: Mapping[str, Any] | StdioServer | HttpServer,
     root_dir: Path | str,
+    *,
+    oauth: OAuth | None = None,
 ) -> GenerationReport:
     """Generate the typed package of an MCP server and report what was written.
 
@@ -253,7 +292,7 @@ async def generate_package(
     Raises:
         UsageError: The name or parameters are invalid, the name clashes with another server's, or
             ``root_dir`` is not a tools directory the host can trust (see `generate_mcp_sources`).
-        GenerationError: The server could not be reached or listed no tools; nothing was changed.
+        GenerationError: The server could not be reached; nothing was changed.
     """
     began = time.perf_counter()
     params = parse_server_params(server_params)
@@ -264,7 +303,7 @@ async def generate_package(
         check_tools_dir(real)
     _check_server_name(server_name, real)
     timings: dict[str, float] = {}
-    sources = await _build_from_server(server_name, params, timings)
+    sources = await _build_from_server(server_name, params, timings, oauth)
     start = time.perf_counter()
     changed = await anyio.to_thread.run_sync(_install, root, sources, server_name, params)
     timings["write"] = time.perf_counter() - start
@@ -283,6 +322,8 @@ async def generate_mcp_sources(
     server_name: str,
     server_params: Mapping[str, Any] | StdioServer | HttpServer,
     root_dir: Path | str,
+    *,
+    oauth: OAuth | None = None,
 ) -> list[str]:
     """Generate a typed Python package for the tools of an MCP server.
 
@@ -302,6 +343,9 @@ async def generate_mcp_sources(
             ``{"url": ..., "headers": {...}}`` (optionally ``"type": "sse"``) for an HTTP server,
             or a `StdioServer`/`HttpServer`. ``${VAR}`` placeholders are resolved when connecting.
         root_dir: The tools directory (importable as a package, e.g. ``mcptools``).
+        oauth: For a server with ``"oauth"`` in its parameters: how a person authorizes and where
+            tokens are kept (`ipybox.oauth.OAuth`; default: the default token store, and no person
+            to ask). Pass the same to `CodeExecutor`. Tokens are never written under ``root_dir``.
 
     Returns:
         The names of the tool modules written, sorted.
@@ -311,8 +355,8 @@ async def generate_mcp_sources(
             Also when ``root_dir`` is a symlink or goes through one below the current directory
             (kernel code may have planted it to redirect the host's writes), belongs to another
             user, or can be written by others; or its manifest is not a private file of yours.
-        GenerationError: The server could not be reached, or lists no tools. The previously
+        GenerationError: The server could not be reached. The previously
             generated package, if any, is left as it was.
     """
-    report = await generate_package(server_name, server_params, root_dir)
+    report = await generate_package(server_name, server_params, root_dir, oauth=oauth)
     return list(report.modules)

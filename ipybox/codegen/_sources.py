@@ -170,6 +170,7 @@ def _package_init(
     server_info: mcp_types.Implementation | None,
     instructions: str | None,
     tools: Sequence[tuple[str, mcp_types.Tool, Renamed | None]],
+    others: str = "",
 ) -> str:
     label = f"MCP server {server_name!r}"
     if server_info is not None:
@@ -181,15 +182,34 @@ def _package_init(
             origin = f" (tool {tool.name!r}; {renamed.wanted!r} is taken by tool {renamed.taken_by!r})"
         summary = first_line(tool.description or tool.title, limit=120)
         listing.append(f"    {module}{origin}{': ' + summary if summary else ''}")
-    parts = [
-        f"Typed Python API of {label}.",
-        normalize_text(instructions or ""),
+    usage = (
         "One module per tool; each has Params, run(params) and async arun(params), and Result when the\n"
         "tool returns structured content. Import with: from <tools package>."
-        f"{python_identifier(server_name, prefix='server')} import <module>\n\n" + "\n".join(listing),
-    ]
+        f"{python_identifier(server_name, prefix='server')} import <module>\n\n" + "\n".join(listing)
+        if listing
+        else "The server offers no tools, so this package has no modules."
+    )
+    parts = [f"Typed Python API of {label}.", normalize_text(instructions or ""), usage, others]
     doc = "\n\n".join(part for part in parts if part)
     return _header(server_name) + docstring_literal(doc) + "\n"
+
+
+def _others(resources: Sequence[mcp_types.Resource], prompts: Sequence[mcp_types.Prompt]) -> str:
+    """The server's resources and prompts, one line each (kernel code cannot read or get them: they
+    are listed so that a person or model knows what the server has)."""
+    sections: list[str] = []
+    if resources:
+        lines = [
+            f"    {first_line(str(r.uri), limit=120)}: {first_line(r.description or r.title or r.name, limit=120)}"
+            for r in resources
+        ]
+        sections.append("Resources of the server (not reachable from kernel code):\n" + "\n".join(lines))
+    if prompts:
+        lines = [
+            f"    {first_line(p.name, limit=80)}: {first_line(p.description or p.title, limit=120)}" for p in prompts
+        ]
+        sections.append("Prompts of the server (not reachable from kernel code):\n" + "\n".join(lines))
+    return "\n\n".join(sections)
 
 
 def _verify(server_name: str, filename: str, source: str) -> None:
@@ -208,6 +228,8 @@ def build_package_sources(
     *,
     server_info: mcp_types.Implementation | None = None,
     instructions: str | None = None,
+    resources: Sequence[mcp_types.Resource] = (),
+    prompts: Sequence[mcp_types.Prompt] = (),
 ) -> PackageSources:
     """Generate the source files of a server package from a tool listing (no I/O).
 
@@ -218,12 +240,13 @@ def build_package_sources(
         tools: The server's tools, untrusted. A name listed twice keeps its first definition.
         server_info: The server's ``serverInfo``, shown in the package docstring.
         instructions: The server's instructions, shown in the package docstring.
+        resources: The server's resources, listed in the package docstring (a server may offer
+            no tools, only resources or prompts: its package is then empty but for that list).
+        prompts: The server's prompts, listed likewise.
 
     Raises:
-        GenerationError: There are no tools, or too many.
+        GenerationError: There are too many tools.
     """
-    if not tools:
-        raise GenerationError(server_name, "the server lists no tools, so there is nothing to generate")
     if len(tools) > MAX_TOOLS:
         raise GenerationError(server_name, f"the server lists {len(tools)} tools, more than {MAX_TOOLS}")
     by_name: dict[str, mcp_types.Tool] = {}
@@ -261,7 +284,7 @@ def build_package_sources(
                 " and ".join(models.fallbacks),
                 "; ".join(models.notes),
             )
-    init = _package_init(server_name, server_info, instructions, listed)
+    init = _package_init(server_name, server_info, instructions, listed, _others(resources, prompts))
     _verify(server_name, "__init__.py", init)
     files["__init__.py"] = init
     # Last, so that it is written after the modules it describes (a newer module makes it stale).

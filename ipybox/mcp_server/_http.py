@@ -32,6 +32,7 @@ from ._config import (
     config_from_args,
     is_loopback,
 )
+from ._events import RETRY_MS, BoundedEventStore
 from ._server import build_server
 
 __all__ = ("main", "run_parsed", "serve")
@@ -196,7 +197,14 @@ async def serve(
     )
     # The guard checks these headers first and logs refusals, rate-limited; the SDK would log each again.
     logging.getLogger("mcp.server.transport_security").setLevel(logging.ERROR)
-    app: Any = server.streamable_http_app(session_idle_timeout=config.idle_ttl, transport_security=security, host=host)
+    app: Any = server.streamable_http_app(
+        session_idle_timeout=config.idle_ttl,
+        transport_security=security,
+        host=host,
+        # Event ids and a retry hint: a client that loses the connection during a long cell resumes it.
+        event_store=BoundedEventStore(),
+        retry_interval=RETRY_MS,
+    )
     app = _guard(app, token, security)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

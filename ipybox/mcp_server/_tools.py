@@ -25,6 +25,7 @@ from mcp_types import (
     EmbeddedResource,
     ImageContent,
     TextContent,
+    ToolAnnotations,
 )
 from pydantic import Field
 
@@ -69,6 +70,9 @@ _MaxChars = Annotated[
     Field(description="Characters of output to return; longer output is cut in the middle (default 20000)"),
 ]
 _ServerName = Annotated[str, Field(description="The name the server is registered under, e.g. 'github'")]
+
+# What only reads: clients may call these without asking their user.
+_READ_ONLY = ToolAnnotations(read_only_hint=True)
 
 
 async def session_of(ctx: Context) -> Session:
@@ -239,6 +243,7 @@ def add_server_tools(server: MCPServer, config: ServerConfig) -> None:
             "get_tool_stubs to read a server's tool signatures."
         ),
         structured_output=False,
+        annotations=_READ_ONLY,
     )
     async def list_mcp_servers(ctx: Context) -> str:
         session = await session_of(ctx)
@@ -255,6 +260,7 @@ def add_server_tools(server: MCPServer, config: ServerConfig) -> None:
             "modules, optionally only the named tools. Read them before writing code that calls the tools."
         ),
         structured_output=False,
+        annotations=_READ_ONLY,
     )
     async def get_tool_stubs(
         server_name: _ServerName,
@@ -281,6 +287,7 @@ def add_server_tools(server: MCPServer, config: ServerConfig) -> None:
             "reading every server's stubs; kernel code can do the same with ipybox_kernel.search_tools."
         ),
         structured_output=False,
+        annotations=_READ_ONLY,
     )
     async def search_tools(
         query: Annotated[str, Field(description="What the tool should do, in words")],
@@ -342,6 +349,7 @@ def add_file_tools(server: MCPServer, config: ServerConfig) -> None:
             f"(at most {config.max_file_bytes} bytes)."
         ),
         structured_output=False,
+        annotations=_READ_ONLY,
     )
     async def download_file(
         path: Annotated[str, Field(description="The file, relative to the workspace")], ctx: Context
@@ -407,6 +415,7 @@ def add_skill_tools(server: MCPServer, skills_dir: Path) -> None:
             "one in a cell with `from skills.<name> import run`."
         ),
         structured_output=False,
+        annotations=_READ_ONLY,
     )
     async def list_skills() -> str:
         stubs = await anyio.to_thread.run_sync(render_skill_stubs, skills_dir)

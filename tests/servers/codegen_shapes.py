@@ -4,7 +4,7 @@ Usage: ``python codegen_shapes.py [stdio|http|sse] [--variant changed|empty]``. 
 binds 127.0.0.1 on a port the OS picks and prints ``URL <url>`` on stdout once it is listening.
 
 Variants: ``changed`` drops one tool and changes another's description (for regeneration tests);
-``empty`` lists no tools at all.
+``empty`` lists no tools at all, only a resource and a prompt.
 """
 
 from __future__ import annotations
@@ -66,6 +66,9 @@ class Weather(BaseModel):
 def build(variant: str | None) -> MCPServer:
     server = MCPServer("codegen-shapes", version="1.0", instructions="Tools with awkward names and nested models.")
     if variant == "empty":
+        # No tools, only a resource and a prompt.
+        server.resource("docs://readme", name="readme", description="How the shapes are drawn.")(lambda: "Draw.")
+        server.prompt(name="describe", description="Describe a shape.")(lambda: "Describe it.")
         return server
 
     @server.tool(name="rate", description="Rate an order.\n\nReturns a score per line.")

