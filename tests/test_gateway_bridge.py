@@ -33,7 +33,13 @@ class HeldGate:
     cancelled: anyio.Event = field(default_factory=anyio.Event)
 
     async def __call__(
-        self, request: ToolRequest, /, *, server: str, annotations: Mapping[str, Any] | None
+        self,
+        request: ToolRequest,
+        /,
+        *,
+        server: str,
+        annotations: Mapping[str, Any] | None,
+        input_schema: Mapping[str, Any] | None = None,
     ) -> ApprovalDecision:
         self.asked.append(request.tool)
         if request.tool == "hold":
@@ -82,7 +88,7 @@ async def rig(tmp_path: Path) -> AsyncGenerator[Rig]:
         return f"echo {arguments.get('text')}"
 
     for tool in ("echo", "hold"):
-        server.register_builtin("ipybox", tool, echo)
+        server.register_builtin("ipybox", tool, echo, input_schema={"type": "object"})
     answers = Answers()
     async with anyio.create_task_group() as tg:
         await tg.start(server.run)
