@@ -30,9 +30,7 @@ def tools() -> list[types.Tool]:
     return [
         types.Tool.model_validate({"name": "transfer", "inputSchema": strict}),
         types.Tool.model_validate({"name": "note", "inputSchema": loose}),
-        types.Tool.model_validate(
-            {"name": FORGED_TOOL, "inputSchema": loose, "annotations": {"title": FORGED_TITLE}}
-        ),
+        types.Tool.model_validate({"name": FORGED_TOOL, "inputSchema": loose, "annotations": {"title": FORGED_TITLE}}),
     ]
 
 
