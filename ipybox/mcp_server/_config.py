@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from ipybox._approval import ApprovalRules
+from ipybox._approval import ApprovalRules, check_tool_pattern
 from ipybox._config import Limits, SandboxConfig, Timeouts
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer, parse_server_params
@@ -361,6 +361,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise UsageError(f"'approval' in {source} must be an object")
     policy = cast("dict[str, object]", policy_raw)
     _check_keys(policy, _APPROVAL_KEYS, f"'approval' of {source}")
+    allow = (*_str_list(policy.get("allow"), "allow", source), *args.allow)
+    deny = (*_str_list(policy.get("deny"), "deny", source), *args.deny)
+    # Checked here to name the options: a destination goes to --allow-net, never to --allow.
+    for pattern in allow:
+        check_tool_pattern(pattern, "--allow", "--allow-net")
+    for pattern in deny:
+        check_tool_pattern(pattern, "--deny", "--deny-net (with --ask-net)")
     mode: object = args.approval or policy.get("mode", "ask")
     if mode not in ("ask", "auto", "deny"):
         raise UsageError(f"approval mode in {source} must be 'ask', 'auto' or 'deny', got {mode!r}")
@@ -386,8 +393,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limits=limits,
         timeouts=timeouts,
         approval=mode,
-        allow=(*_str_list(policy.get("allow"), "allow", source), *args.allow),
-        deny=(*_str_list(policy.get("deny"), "deny", source), *args.deny),
+        allow=allow,
+        deny=deny,
         deny_net=tuple(args.deny_net),
         allow_read_only=args.allow_read_only or policy.get("allowReadOnly") is True,
         servers=servers,
