@@ -11,7 +11,7 @@ from typing import Any, Literal, NoReturn, TypeAlias, cast
 
 import anyio
 
-from ._approvaltext import quote, request_text, safe_json, shown_name, undeclared_keys
+from ._approvaltext import request_text, safe_json, shown_name, undeclared_keys
 from ._exceptions import UsageError
 from .network._policy import Entry, any_entry_allows, parse_entry
 
@@ -128,9 +128,9 @@ class ApprovalRequest:
             self.input_schema = _freeze(self.input_schema)
 
     def __str__(self) -> str:
-        """One line for logs: ``server.tool("key"=value, ...)``, every value cut to a few hundred
-        characters with a note saying so; `description` shows more."""
-        args = ", ".join(f"{quote(k)}={_short(v)}" for k, v in self.tool_args.items())
+        """One line for logs: ``server.tool(key="value", ...)``, keys that are not plain names quoted,
+        every value cut to a few hundred characters with a note saying so; `description` shows more."""
+        args = ", ".join(f"{shown_name(k)}={_short(v)}" for k, v in self.tool_args.items())
         return f"{self.rule_name}({args})"
 
     @property
