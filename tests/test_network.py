@@ -25,6 +25,7 @@ from mcp.client.context import ClientRequestContext
 from network_support import WebServer, serving
 
 from ipybox import (
+    ApprovalRequest,
     ApprovalRules,
     CodeExecutionError,
     CodeExecutionResult,
@@ -350,6 +351,17 @@ async def test_a_tool_glob_never_approves_a_network_destination(asking: CodeExec
         assert text.startswith("403 ipybox: the application rejected the connection"), pattern
     with pytest.raises(UsageError, match=r"names a network destination.*allow_net.*'\*\.evil\.test:\*'"):
         ApprovalRules(allow=["network:*.evil.test:*"])
+
+
+def test_tool_globs_match_the_server_and_the_tool_part_each_on_its_own() -> None:
+    def decides(pattern: str, server: str, tool: str) -> bool:
+        request = ApprovalRequest(id="e:1", server_name=server, tool_name=tool, tool_args={}, server="s")
+        return ApprovalRules(allow=[pattern]).decide(request) is not None
+
+    assert decides("*.search_*", "github", "search_issues")
+    assert not decides("*.search_*", "a.search_x", "delete")  # '*' does not span the dot
+    assert decides("my.server.x", "my.server", "x") and not decides("github.*", "github.evil", "x")
+    assert decides("*", "any.server", "any_tool")
 
 
 async def test_limits_on_connections_bytes_and_idle_time_hold_and_are_reported(

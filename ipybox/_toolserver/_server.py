@@ -6,13 +6,16 @@ The sandboxed kernel has no network. Its only way to an MCP tool is the unix soc
 1. checks the request's size and nesting and the executor's token (a wrong or missing one gets
    nothing run),
 2. looks the server up *by name* in the registry the host filled with `register()`,
-3. asks the gate, which returns an `ApprovalDecision` (a refusal becomes the call's error reply),
-4. starts or connects to the server if it is not running, and looks the tool up in its tool list,
-5. calls the tool over the server's long-lived MCP session and sends the result back.
+3. refuses arguments with a key the tool's input schema forbids (`invalid_arguments`),
+4. asks the gate, which returns an `ApprovalDecision` (a refusal becomes the call's error reply),
+5. starts or connects to the server if it is not running, looks the tool up in its tool list and
+   checks the arguments against its schema again,
+6. calls the tool over the server's long-lived MCP session and sends the result back.
 
 Nothing of a server is started or connected before a call to it has been approved (kernel code must
-not be able to start host processes by asking), so the gate sees a tool's annotations only once its
-server has listed its tools; for the first call to a server they are None.
+not be able to start host processes by asking), so the gate sees a tool's annotations and input
+schema only once its server has listed its tools; for the first call to a server they are None,
+and the forbidden-key check of step 3 happens in step 5, before the call is made.
 
 The bytes on the socket are `._lines`'s business, turning a line into a request `._request`'s, the
 MCP sessions `._sessions`'s; every failure of a call passes through `._errors.tool_errors` and
