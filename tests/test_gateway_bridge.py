@@ -88,7 +88,7 @@ async def rig(tmp_path: Path) -> AsyncGenerator[Rig]:
         return f"echo {arguments.get('text')}"
 
     for tool in ("echo", "hold"):
-        server.register_builtin("ipybox", tool, echo, input_schema={"type": "object"})
+        server.register_builtin("ipybox", tool, echo)
     answers = Answers()
     async with anyio.create_task_group() as tg:
         await tg.start(server.run)

@@ -114,6 +114,10 @@ BuiltinTool = Callable[[Mapping[str, Any]], Awaitable[str]]
 """A tool the host itself provides (e.g. package installs): takes the arguments, returns text."""
 
 
+# A built-in tool's schema when it gives none: any object.
+_ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
+
+
 @dataclass(frozen=True)
 class _Builtin:
     handler: BuiltinTool
@@ -199,12 +203,13 @@ class ToolServer:
         self._sessions.register(name, params)
 
     def register_builtin(
-        self, server: str, tool: str, handler: BuiltinTool, *, input_schema: Mapping[str, Any]
+        self, server: str, tool: str, handler: BuiltinTool, *, input_schema: Mapping[str, Any] = _ANY_OBJECT
     ) -> None:
         """Serve a tool implemented on the host under ``server``/``tool``, gated like MCP tools.
 
         ``input_schema`` is its arguments' JSON schema: calls with keys it forbids are refused
-        before the gate is asked, and the gate sees it like an MCP tool's.
+        before the gate is asked, and the gate sees it like an MCP tool's. The default declares no
+        key, so every argument is shown as undeclared.
 
         Raises:
             UsageError: An MCP server is registered under ``server`` already.
