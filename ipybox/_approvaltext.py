@@ -68,6 +68,8 @@ def escape(text: str) -> str:
     Backslashes and quotes are left alone: JSON output has them escaped already, and in a block
     they are the code's own.
     """
+    if text.isascii() and text.isprintable():
+        return text  # the common case, without a look at each character
     out: list[str] = []
     marks = 0
     for char in text:
@@ -106,10 +108,13 @@ def text_block(text: str) -> list[str]:
     return [_BLOCK_PREFIX + escape(line) for line in lines]
 
 
-def _cut(shown: str, limit: int, whole_at: str) -> str:
-    if len(shown) <= limit:
-        return shown
-    return f"{shown[:limit]}... (value truncated: {limit:,} of {len(shown):,} characters shown; {whole_at})"
+def _shown_value(value: Any, limit: int, whole_at: str) -> str:
+    """``value`` as `safe_json`, cut to ``limit`` characters of its JSON with a note saying so."""
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    if len(text) <= limit:
+        return escape(text)
+    # Cut before escaping: a large value costs only what is shown.
+    return f"{escape(text[:limit])}... (value truncated: {limit:,} of {len(text):,} characters shown; {whole_at})"
 
 
 def request_text(
@@ -171,7 +176,7 @@ def _argument_lines(request: ApprovalRequest, value_chars: int, whole_at: str) -
             lines += text_block(value)
             lines.append(f"{_BLOCK_PREFIX[:-2]}(end of the skill's code)")
             continue
-        lines.append(f"  {quote(key)}{flag}: {_cut(safe_json(value), value_chars, whole_at)}")
+        lines.append(f"  {quote(key)}{flag}: {_shown_value(value, value_chars, whole_at)}")
     return lines
 
 
@@ -190,6 +195,9 @@ def forbidden_keys(schema: Mapping[str, Any] | None, arguments: Mapping[str, Any
     what the server accepts."""
     if schema is None or schema.get("additionalProperties") is not False:
         return ()
+    properties: object = schema.get("properties")
+    if isinstance(properties, Mapping) and all(key in properties for key in arguments):
+        return ()  # the common case: every key declared
     if any(word in schema for word in ("$ref", "allOf", "anyOf", "oneOf", "patternProperties", "if")):
         return ()
     return undeclared_keys(schema, arguments)
