@@ -174,7 +174,10 @@ _EVERYTHING = "node_modules/.bin/mcp-server-everything stdio"
 
 
 def _approval_request(
-    call: ToolRequest, annotations: Mapping[str, Any] | None, server: str = _EVERYTHING
+    call: ToolRequest,
+    annotations: Mapping[str, Any] | None,
+    server: str = _EVERYTHING,
+    input_schema: Mapping[str, Any] | None = None,
 ) -> ApprovalRequest:
     return ApprovalRequest(
         id=f"exec:{next(_approvals)}",
@@ -183,14 +186,20 @@ def _approval_request(
         tool_args=call.arguments,
         server=server,
         annotations=annotations,
+        input_schema=input_schema,
     )
 
 
 async def _auto_gate(
-    call: ToolRequest, /, annotations: Mapping[str, Any] | None, *, server: str = _EVERYTHING
+    call: ToolRequest,
+    /,
+    annotations: Mapping[str, Any] | None,
+    *,
+    server: str = _EVERYTHING,
+    input_schema: Mapping[str, Any] | None = None,
 ) -> ApprovalDecision:
     """What CodeExecutor._gate does with approval="auto"."""
-    request = _approval_request(call, annotations, server)
+    request = _approval_request(call, annotations, server, input_schema)
     decision = await decide_by_policy("auto", request)
     assert decision is not None
     request.decide(decision)

@@ -67,7 +67,8 @@ def chat_model() -> BaseChatModel:
 def ask(pending: Interrupt) -> dict[str, str]:
     """One approval at the terminal, answered as HumanInTheLoopMiddleware decisions are."""
     value: dict[str, Any] = pending.value
-    print(f"\n[approval] {value['description']}\n           arguments: {value['args']}")
+    # The description shows the arguments too, every string in them quoted and escaped.
+    print(f"\n[approval] {value['description']}")
     answer = input("approve? [y / reason to reject] ").strip()
     if answer.lower() in ("y", "yes"):
         return {"type": "approve"}

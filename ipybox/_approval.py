@@ -11,7 +11,9 @@ from typing import Any, Literal, NoReturn, TypeAlias, cast
 
 import anyio
 
+from ._approvaltext import request_text, safe_json, shown_name, undeclared_keys
 from ._exceptions import UsageError
+from .network._policy import Entry, any_entry_allows, parse_entry
 
 __all__ = (
     "Approval",
@@ -70,6 +72,17 @@ def _freeze(value: Any) -> Any:
     return value
 
 
+# Characters of one value in str(request), a line for logs.
+_SHORT_CHARS = 200
+
+
+def _short(value: Any) -> str:
+    text = safe_json(value)
+    if len(text) <= _SHORT_CHARS:
+        return text
+    return f"{text[:_SHORT_CHARS]}...(+{len(text) - _SHORT_CHARS:,} characters)"
+
+
 def _thaw(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _thaw(item) for key, item in cast("dict[str, Any]", value).items()}
@@ -100,25 +113,53 @@ class ApprovalRequest:
     """What the host will run or call for this server: its command line or URL."""
     annotations: Mapping[str, Any] | None = None
     """The tool's MCP annotations, e.g. ``{"readOnlyHint": True}``."""
+    input_schema: Mapping[str, Any] | None = field(default=None, repr=False)
+    """The tool's input schema as its server last listed it (read-only), which the arguments were
+    checked against: keys it forbids were refused before this request was made, keys it does not
+    declare are in `undeclared_args`. None when the server has not been listed yet: ipybox starts
+    a server only for an approved call, so the first call to one is asked about unchecked (and
+    checked once the server is listed, before the call is made)."""
     _decided: anyio.Event = field(default_factory=anyio.Event, repr=False)
     _decision: ApprovalDecision | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.tool_args = _freeze(self.tool_args)
+        if self.input_schema is not None:
+            self.input_schema = _freeze(self.input_schema)
 
     def __str__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.tool_args.items())
-        return f"{self.server_name}.{self.tool_name}({args})"
+        """One line for logs: ``server.tool(key="value", ...)``, keys that are not plain names quoted,
+        every value cut to a few hundred characters with a note saying so; `description` shows more."""
+        args = ", ".join(f"{shown_name(k)}={_short(v)}" for k, v in self.tool_args.items())
+        return f"{self.rule_name}({args})"
 
     @property
     def rule_name(self) -> str:
-        """What `ApprovalRules` patterns are matched against: ``"server.tool"``."""
-        return f"{self.server_name}.{self.tool_name}"
+        """What `ApprovalRules` tool patterns are matched against: ``"server.tool"`` (names that are
+        not plain identifiers are shown quoted, see `description`)."""
+        return f"{shown_name(self.server_name)}.{shown_name(self.tool_name)}"
+
+    @property
+    def undeclared_args(self) -> tuple[str, ...]:
+        """Argument keys the tool's `input_schema` does not declare (but allows); empty without one."""
+        return undeclared_keys(self.input_schema, self.tool_args)
+
+    @property
+    def headline(self) -> str:
+        """The first line of `description`: what will run, with every name quoted where needed."""
+        return f"MCP tool call {self.rule_name}, run by the host through: {safe_json(self.server)}"
 
     @property
     def description(self) -> str:
-        """One line saying what will run if approved."""
-        return f"MCP tool call {self}, run by the host through: {self.server}"
+        """What will run if approved, as text to show a person: the tool, what the host runs for its
+        server, the tool's hints, then one line per argument.
+
+        Every string kernel code or a server chose (keys, values, names) is quoted and escaped, so
+        none can start a line or hide characters; keys the input schema does not declare are
+        flagged; a value longer than a few thousand characters is cut with a note saying how much
+        is shown (the whole is in `tool_args`). ``ipybox.save_skill``'s code is shown whole.
+        """
+        return request_text(self)
 
     @property
     def decision(self) -> ApprovalDecision | None:
@@ -156,45 +197,119 @@ ApprovalCallback: TypeAlias = Callable[
 
 @dataclass(frozen=True, kw_only=True)
 class ApprovalRules:
-    """Decide tool calls by rules; calls no rule covers are decided by ``otherwise``.
+    """Decide tool calls and network requests by rules; what no rule covers is decided by ``otherwise``.
 
-    Patterns are shell-style globs over ``"server.tool"``, e.g. ``"github.*"`` or ``"*.search_*"``,
-    and over ``"network:<host>:<port>"`` for a `NetworkRequest` (``"network:*.example.org:443"``).
-    A matching ``deny`` pattern wins over everything else.
+    Tool calls and network destinations are separate: ``allow``/``deny`` match tool calls only,
+    ``allow_net``/``deny_net`` network destinations (`NetworkRequest`) only, so no tool pattern can
+    approve a connection.
+
+    Tool patterns are shell-style globs over ``"server.tool"``, e.g. ``"github.*"`` or
+    ``"github.search_*"``. The server part and the tool part are matched each on its own: ``*``
+    never reaches across the dot between them (``"*.search_*"`` matches tool ``search_issues`` of
+    any server, never a server named ``"x.search_y"``). Destinations are written as in
+    `Network.allow` (``"api.example.org"``, ``"*.example.org:443"``, ``"203.0.113.0/24:*"``) and
+    matched the same way: ``*`` only as a whole first label. A matching deny wins over everything
+    else.
 
     Attributes:
-        allow: Calls to approve without asking.
-        deny: Calls to reject without asking.
+        allow: Tool calls to approve without asking.
+        deny: Tool calls to reject without asking.
+        allow_net: Destinations to approve without asking (for this one connection; non-public
+            addresses still need an address entry in the executor's `Network`).
+        deny_net: Destinations to reject without asking.
         allow_read_only: Approve tools whose MCP annotations say ``readOnlyHint: true``. The hint
             comes from the MCP server: enable this only for servers you trust to label tools truthfully.
-        otherwise: What happens to the rest: ask the application, accept, or reject.
+        otherwise: What happens to the rest (tool calls and destinations): ask the application,
+            accept, or reject.
     """
 
     allow: Sequence[str] = ()
     deny: Sequence[str] = ()
+    allow_net: Sequence[str] = ()
+    deny_net: Sequence[str] = ()
     allow_read_only: bool = False
     otherwise: Literal["ask", "accept", "reject"] = "ask"
+    _allow_net: tuple[Entry, ...] = field(init=False, repr=False, compare=False)
+    _deny_net: tuple[Entry, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.allow, str) or isinstance(self.deny, str):
-            raise UsageError("ApprovalRules allow/deny take a list of patterns, not a single string")
+        for name in ("allow", "deny", "allow_net", "deny_net"):
+            value: object = getattr(self, name)
+            if isinstance(value, str):
+                raise UsageError(f"ApprovalRules {name} takes a list of patterns, not a single string: [{value!r}]")
+            object.__setattr__(self, name, tuple(cast("Sequence[str]", value)))
+        for name in ("allow", "deny"):
+            for pattern in cast("tuple[str, ...]", getattr(self, name)):
+                check_tool_pattern(pattern, f"ApprovalRules {name}", f"{name}_net")
+        for name in ("allow_net", "deny_net"):
+            object.__setattr__(self, f"_{name}", _net_entries(getattr(self, name), f"ApprovalRules {name}"))
         if self.otherwise not in ("ask", "accept", "reject"):
             raise UsageError(f"ApprovalRules otherwise must be 'ask', 'accept' or 'reject', got {self.otherwise!r}")
 
     def decide(self, request: ApprovalRequest) -> ApprovalDecision | None:
         """The rules' decision, or None when the application must be asked."""
+        from .network._request import NetworkRequest  # imports this module
+
         name = request.rule_name
-        if any(fnmatchcase(name, p) for p in self.deny):
-            return ApprovalDecision(approved=False, reason=f"{name} is denied by the approval rules", by="policy")
-        if any(fnmatchcase(name, p) for p in self.allow):
-            return ApprovalDecision(approved=True, by="policy")
-        if self.allow_read_only and (request.annotations or {}).get("readOnlyHint") is True:
-            return ApprovalDecision(approved=True, by="policy")
+        if isinstance(request, NetworkRequest):
+            if any_entry_allows(self._deny_net, request.host, request.port):
+                return ApprovalDecision(approved=False, reason=f"{name} is denied by the approval rules", by="policy")
+            if any_entry_allows(self._allow_net, request.host, request.port):
+                return ApprovalDecision(approved=True, by="policy")
+        else:
+            if any(tool_pattern_matches(p, request.server_name, request.tool_name) for p in self.deny):
+                return ApprovalDecision(approved=False, reason=f"{name} is denied by the approval rules", by="policy")
+            if any(tool_pattern_matches(p, request.server_name, request.tool_name) for p in self.allow):
+                return ApprovalDecision(approved=True, by="policy")
+            if self.allow_read_only and (request.annotations or {}).get("readOnlyHint") is True:
+                return ApprovalDecision(approved=True, by="policy")
         if self.otherwise == "accept":
             return ApprovalDecision(approved=True, by="policy")
         if self.otherwise == "reject":
             return ApprovalDecision(approved=False, reason=f"{name} is not allowed by the approval rules", by="policy")
         return None
+
+
+def check_tool_pattern(pattern: object, where: str, net_option: str) -> None:
+    """Refuse a tool pattern that is not a string, or that was written for a network destination
+    (``"network:..."``: tool patterns never match destinations; ``net_option`` is where they go).
+
+    Raises:
+        UsageError: Naming the pattern and the fix.
+    """
+    if not isinstance(pattern, str) or not pattern:
+        raise UsageError(f"{where} patterns are non-empty strings like 'github.search_*', got {pattern!r}")
+    if pattern.lower().startswith("network:"):
+        destination = pattern[len("network:") :]
+        raise UsageError(
+            f"{where} pattern {pattern!r} names a network destination, but tool patterns match tool calls "
+            f"only; list the destination in {net_option} instead (written as in Network.allow, e.g. "
+            f"{destination or '*.example.org:443'!r})"
+        )
+
+
+def tool_pattern_matches(pattern: str, server: str, tool: str) -> bool:
+    """Whether the ``"server.tool"`` glob ``pattern`` matches the call, the server part matched against
+    the server's name and the rest against the tool's, so that ``*`` never spans the dot between
+    them. A pattern without a dot (``"*"``) matches the whole ``"server.tool"``."""
+    if "." not in pattern:
+        return fnmatchcase(f"{server}.{tool}", pattern)
+    # Server names may hold dots themselves: any dot of the pattern may be the one between the parts.
+    return any(
+        fnmatchcase(server, pattern[:at]) and fnmatchcase(tool, pattern[at + 1 :])
+        for at, char in enumerate(pattern)
+        if char == "."
+    )
+
+
+def _net_entries(texts: Sequence[str], where: str) -> tuple[Entry, ...]:
+    entries: list[Entry] = []
+    for text in texts:
+        try:
+            entries.append(parse_entry(text))
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+    return tuple(entries)
 
 
 Approval: TypeAlias = Literal["ask", "auto"] | ApprovalRules | ApprovalCallback

@@ -43,10 +43,7 @@ from .network._policy import Network
 from .network._proxy import NetworkProxy
 from .network._setup import NET_SOCKET, check_network
 from .sandbox._sandbox import resolve_sandbox
-from .skills._store import (
-    Skill,
-    skill_arguments,
-)
+from .skills._store import SAVE_SKILL_SCHEMA, Skill, skill_arguments
 
 __all__ = ("CodeExecutor",)
 
@@ -54,6 +51,13 @@ logger = logging.getLogger(__name__)
 
 # The tool server's name for ipybox's own tools (package installs from kernel code).
 BUILTIN_SERVER = "ipybox"
+# The arguments of ipybox.install_package as kernel code sends them (ipybox_kernel's %pip).
+_INSTALL_SCHEMA = {
+    "type": "object",
+    "properties": {"package": {"type": "string"}},
+    "required": ["package"],
+    "additionalProperties": False,
+}
 # The default cap of `CodeExecutor.download`: a workspace file larger than this is more likely a
 # runaway or sparse file (made in an instant with os.truncate) than something to copy to the host.
 DOWNLOAD_LIMIT = 1024**3
@@ -205,9 +209,13 @@ class CodeExecutor:
             listener=listeners.tools,
             oauth=self._oauth,
         )
-        self._tools.register_builtin(BUILTIN_SERVER, "install_package", self._install_from_kernel)
+        self._tools.register_builtin(
+            BUILTIN_SERVER, "install_package", self._install_from_kernel, input_schema=_INSTALL_SCHEMA
+        )
         if side.has_skills:
-            self._tools.register_builtin(BUILTIN_SERVER, "save_skill", self._save_skill_from_kernel)
+            self._tools.register_builtin(
+                BUILTIN_SERVER, "save_skill", self._save_skill_from_kernel, input_schema=SAVE_SKILL_SCHEMA
+            )
         side.prepare_dirs()
         if side.tools_dir is not None:
             for name, params in load_manifest(side.tools_dir).items():

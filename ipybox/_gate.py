@@ -56,7 +56,14 @@ class ApprovalGate:
         """The id of the execution that runs now, if one does."""
         return self._driver.execution.id if self._driver is not None else None
 
-    async def tool(self, call: ToolRequest, *, server: str, annotations: Mapping[str, Any] | None) -> ApprovalDecision:
+    async def tool(
+        self,
+        call: ToolRequest,
+        *,
+        server: str,
+        annotations: Mapping[str, Any] | None,
+        input_schema: Mapping[str, Any] | None,
+    ) -> ApprovalDecision:
         """The `ToolServer`'s gate: a decision on one tool call."""
         driver = self._driver
         # A thread or task keeps the id of the execution that started it (ipybox_kernel._context):
@@ -69,6 +76,7 @@ class ApprovalGate:
             tool_args=call.arguments,
             server=server,
             annotations=annotations,
+            input_schema=input_schema,
         )
         return await self._decide(driver, request, after_mark=call.mark)
 

@@ -33,7 +33,13 @@ class HeldGate:
     cancelled: anyio.Event = field(default_factory=anyio.Event)
 
     async def __call__(
-        self, request: ToolRequest, /, *, server: str, annotations: Mapping[str, Any] | None
+        self,
+        request: ToolRequest,
+        /,
+        *,
+        server: str,
+        annotations: Mapping[str, Any] | None,
+        input_schema: Mapping[str, Any] | None = None,
     ) -> ApprovalDecision:
         self.asked.append(request.tool)
         if request.tool == "hold":

@@ -200,8 +200,8 @@ async def test_a_stdio_client_registers_a_server_calls_its_tools_from_code_and_l
             assert not called.is_error, _text(called)
             assert _text(called) == "42\n"
             prompt = user.messages[-1]
-            assert "'add'" in prompt and "'test'" in prompt and "test_server.py" in prompt
-            assert "a = 40" in prompt and "add.run(add.Params(a=x, b=2))" in prompt
+            assert prompt.startswith("MCP tool call test.add, run by the host through: ") and "test_server.py" in prompt
+            assert '\n  "a": 40\n' in prompt and "\n    | from mcptools.test import add\n" in prompt
 
             declined = await _call(
                 client,
@@ -951,6 +951,17 @@ async def test_with_a_pool_skills_and_a_network_a_new_http_session_uses_both_in_
                 await _wait_for_removal(pooled)
         assert web.paths == ["/session"]
     await _assert_clean(server.tmp)
+
+
+def test_a_tool_glob_written_for_a_destination_is_refused_at_start_naming_allow_net(tmp_path: Path) -> None:
+    """Issue #25, class 2: --allow globs once matched 'network:host:port' too; now they match tool
+    calls only, and one written for a destination is refused rather than silently ignored."""
+    base = [sys.executable, "-m", "ipybox", "mcp", "--workspace", str(tmp_path), "--ask-net"]
+    for option, fix in (("--allow", "--allow-net"), ("--deny", "--deny-net")):
+        command = [*base, option, "network:*.example.org:443"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=START_TIMEOUT, cwd=REPO, check=False)
+        assert done.returncode == 2 and f"list the destination in {fix}" in done.stderr, done.stderr
+        assert "'*.example.org:443'" in done.stderr
 
 
 def test_a_pool_is_refused_over_stdio_where_there_is_one_session(tmp_path: Path) -> None:

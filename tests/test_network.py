@@ -23,6 +23,7 @@ from mcp.client.context import ClientRequestContext
 from network_support import WebServer, exchange, proxy_log, serving
 
 from ipybox import (
+    ApprovalRequest,
     ApprovalRules,
     CodeExecutionError,
     CodeExecutionResult,
@@ -258,7 +259,12 @@ async def asking(net_workspace: Path, web: WebServer) -> AsyncGenerator[CodeExec
         # The web server's port on the host's loopback may be reached, but no name is listed.
         allow=[f"127.0.0.1:{web.port}"],
         unlisted="ask",
-        hosts={"web.test": "127.0.0.1", "other.test": "127.0.0.1", "meta.test": "169.254.169.254"},
+        hosts={
+            "web.test": "127.0.0.1",
+            "other.test": "127.0.0.1",
+            "meta.test": "169.254.169.254",
+            "a.search_x.evil.test": "127.0.0.1",
+        },
     )
     async with CodeExecutor(workspace=net_workspace, network=network) as executor:
         yield executor
@@ -323,13 +329,38 @@ async def test_allow_for_this_executor_is_remembered_and_approval_rules_match_de
     assert len(asked) == 1 and text.startswith("hello")
     asked, text = await _answer_each(asking, code, [])
     assert asked == [] and text.startswith("hello")
-    rules = ApprovalRules(allow=["network:web.test:*"], otherwise="reject")
+    rules = ApprovalRules(allow_net=["web.test:*"], otherwise="reject")
     code = _FETCH.format(names=["web.test"], port=web.port)
     asked, text = await _answer_each(asking, code, [], approval=rules)
     assert asked == [] and text.startswith("hello")
-    rules = ApprovalRules(deny=["network:web.*"])
+    rules = ApprovalRules(deny_net=["web.test:*"])
     asked, text = await _answer_each(asking, code, [], approval=rules)
     assert asked == [] and "is denied by the approval rules" in text
+
+
+async def test_a_tool_glob_never_approves_a_network_destination(asking: CodeExecutor, web: WebServer) -> None:
+    """Issue #25, class 2: ``*.search_*`` (the docstring's own example) and ``*`` approved the
+    unlisted host ``a.search_x.evil.test``, tool names and ``network:host:port`` being matched by the
+    same globs. Tool globs now match tool calls only: the connection is asked about."""
+    code = _FETCH.format(names=["a.search_x.evil.test"], port=web.port)
+    for pattern in ("*.search_*", "*", "*.*"):
+        rules = ApprovalRules(allow=[pattern])
+        asked, text = await _answer_each(asking, code, ["reject"], approval=rules)
+        assert [r.host for r in asked] == ["a.search_x.evil.test"], pattern
+        assert text.startswith("403 ipybox: the application rejected the connection"), pattern
+    with pytest.raises(UsageError, match=r"names a network destination.*allow_net.*'\*\.evil\.test:\*'"):
+        ApprovalRules(allow=["network:*.evil.test:*"])
+
+
+def test_tool_globs_match_the_server_and_the_tool_part_each_on_its_own() -> None:
+    def decides(pattern: str, server: str, tool: str) -> bool:
+        request = ApprovalRequest(id="e:1", server_name=server, tool_name=tool, tool_args={}, server="s")
+        return ApprovalRules(allow=[pattern]).decide(request) is not None
+
+    assert decides("*.search_*", "github", "search_issues")
+    assert not decides("*.search_*", "a.search_x", "delete")  # '*' does not span the dot
+    assert decides("my.server.x", "my.server", "x") and not decides("github.*", "github.evil", "x")
+    assert decides("*", "any.server", "any_tool")
 
 
 async def test_limits_on_connections_bytes_and_idle_time_hold_and_are_reported(

@@ -300,7 +300,7 @@ async def test_an_async_callback_policy_sees_the_request(tools_dir: Path, worksp
             "try:\n    call_tool('test', 'greet', {'name': 'cb'})\nexcept ToolCallRejected as e:\n    print(e.reason)"
         )
         assert (await ex.execute(code)).text == "callback says no\n"
-    assert seen == ["test.greet(name='cb')"]
+    assert seen == ['test.greet(name="cb")']
 
 
 async def test_servers_registered_at_run_time_are_callable(

@@ -6,13 +6,16 @@ The sandboxed kernel has no network. Its only way to an MCP tool is the unix soc
 1. checks the request's size and nesting and the executor's token (a wrong or missing one gets
    nothing run),
 2. looks the server up *by name* in the registry the host filled with `register()`,
-3. asks the gate, which returns an `ApprovalDecision` (a refusal becomes the call's error reply),
-4. starts or connects to the server if it is not running, and looks the tool up in its tool list,
-5. calls the tool over the server's long-lived MCP session and sends the result back.
+3. refuses arguments with a key the tool's input schema forbids (`invalid_arguments`),
+4. asks the gate, which returns an `ApprovalDecision` (a refusal becomes the call's error reply),
+5. starts or connects to the server if it is not running, looks the tool up in its tool list and
+   checks the arguments against its schema again,
+6. calls the tool over the server's long-lived MCP session and sends the result back.
 
 Nothing of a server is started or connected before a call to it has been approved (kernel code must
-not be able to start host processes by asking), so the gate sees a tool's annotations only once its
-server has listed its tools; for the first call to a server they are None.
+not be able to start host processes by asking), so the gate sees a tool's annotations and input
+schema only once its server has listed its tools; for the first call to a server they are None,
+and the forbidden-key check of step 3 happens in step 5, before the call is made.
 
 The bytes on the socket are `._lines`'s business, turning a line into a request `._request`'s, the
 MCP sessions `._sessions`'s; every failure of a call passes through `._errors.tool_errors` and
@@ -30,6 +33,7 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -63,7 +67,7 @@ from ._lines import (
     OverBudget,
 )
 from ._request import parse_request
-from ._sessions import Sessions
+from ._sessions import Sessions, Target, check_arguments
 
 __all__ = ("HANGUP_WATCH_AFTER", "MAX_BUFFERED_BYTES", "MAX_CONNECTIONS", "BuiltinTool", "Gate", "ToolServer")
 
@@ -88,19 +92,37 @@ class Gate(Protocol):
     no secret values); ``annotations`` are the tool's MCP annotations as the server last listed them
     (hints from the server, not guarantees), None when it lists none or was never connected: a
     server is started only for a call that was approved, so the first call to it is decided without
-    them. ``request.execution`` is whatever the kernel sent: informational only.
+    them. ``input_schema`` is the tool's input schema from the same listing (None likewise): keys it
+    forbids were refused before the gate was asked. ``request.execution`` is whatever the kernel
+    sent: informational only.
 
     The gate is cancelled when the kernel stops waiting for the call (its cell was interrupted or
     its connection closed); the call is then not made. An exception from it refuses the call too.
     """
 
     def __call__(
-        self, request: ToolRequest, /, *, server: str, annotations: Mapping[str, Any] | None
+        self,
+        request: ToolRequest,
+        /,
+        *,
+        server: str,
+        annotations: Mapping[str, Any] | None,
+        input_schema: Mapping[str, Any] | None,
     ) -> Awaitable[ApprovalDecision]: ...
 
 
 BuiltinTool = Callable[[Mapping[str, Any]], Awaitable[str]]
 """A tool the host itself provides (e.g. package installs): takes the arguments, returns text."""
+
+
+# A built-in tool's schema when it gives none: any object.
+_ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class _Builtin:
+    handler: BuiltinTool
+    input_schema: Mapping[str, Any]
 
 
 class ToolServer:
@@ -146,7 +168,7 @@ class ToolServer:
         self._gate = gate
         self._sessions = Sessions(call_timeout=call_timeout, connect_timeout=connect_timeout, oauth=oauth or OAuth())
         self._max_connections = max_connections
-        self._builtins: dict[tuple[str, str], BuiltinTool] = {}
+        self._builtins: dict[tuple[str, str], _Builtin] = {}
         self._budget = Budget(MAX_BUFFERED_BYTES)
         self._max_reply_bytes = MAX_REPLY_BYTES
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -184,15 +206,21 @@ class ToolServer:
             raise UsageError(f"the server name {name!r} is reserved for tools the host provides")
         self._sessions.register(name, params)
 
-    def register_builtin(self, server: str, tool: str, handler: BuiltinTool) -> None:
+    def register_builtin(
+        self, server: str, tool: str, handler: BuiltinTool, *, input_schema: Mapping[str, Any] = _ANY_OBJECT
+    ) -> None:
         """Serve a tool implemented on the host under ``server``/``tool``, gated like MCP tools.
+
+        ``input_schema`` is its arguments' JSON schema: calls with keys it forbids are refused
+        before the gate is asked, and the gate sees it like an MCP tool's. The default declares no
+        key, so every argument is shown as undeclared.
 
         Raises:
             UsageError: An MCP server is registered under ``server`` already.
         """
         if server in self._sessions:
             raise UsageError(f"{server!r} is already the name of an MCP server")
-        self._builtins[(server, tool)] = handler
+        self._builtins[(server, tool)] = _Builtin(handler, input_schema)
 
     async def reset(self) -> None:
         """Close every MCP session; servers are started again on their next call.
@@ -394,16 +422,17 @@ class ToolServer:
     async def _answer(self, request: ToolRequest) -> ToolResultReply:
         builtin = self._builtins.get((request.server, request.tool))
         if builtin is not None:
-            await self._approve(request, f"ipybox on the host: {request.tool}", None)
-            text = await builtin(request.arguments)
+            check_arguments(builtin.input_schema, request)
+            await self._approve(request, Target(f"ipybox on the host: {request.tool}", None, builtin.input_schema))
+            text = await builtin.handler(request.arguments)
             return ToolResultReply(
                 seq=request.seq, structured=None, text=text, content=[{"type": "text", "text": text}]
             )
         target = await self._sessions.target(request)
-        await self._approve(request, target.server, target.annotations)
+        await self._approve(request, target)
         return await self._sessions.call(request)
 
-    async def _approve(self, request: ToolRequest, server: str, annotations: Mapping[str, Any] | None) -> None:
+    async def _approve(self, request: ToolRequest, target: Target) -> None:
         """Ask the gate.
 
         Raises:
@@ -411,7 +440,9 @@ class ToolServer:
         """
         name, tool = request.server, request.tool
         try:
-            decision = await self._gate(request, server=server, annotations=annotations)
+            decision = await self._gate(
+                request, server=target.server, annotations=target.annotations, input_schema=target.input_schema
+            )
         except Exception as exc:  # the gate is application code; whatever it raises, the call is not made
             logger.exception("the approval gate failed for %s/%s", name, tool)
             raise ToolCallFailed(

@@ -22,6 +22,7 @@ import anyio.abc
 from mcp import ClientSession
 from mcp import types as mcp_types
 
+from ipybox._approvaltext import closest_key, forbidden_keys, quote
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer, describe_server, http_refusals, open_session, parse_server_params
 from ipybox._oauth import OAuth, pausable_deadline
@@ -29,7 +30,7 @@ from ipybox._oauth import OAuth, pausable_deadline
 from ._channel import ToolRequest, ToolResultReply
 from ._errors import ToolCallFailed, tool_errors
 
-__all__ = ("IDLE_PROBE_AFTER", "PROBE_TIMEOUT", "STDERR_TAIL_BYTES", "Sessions", "Target")
+__all__ = ("IDLE_PROBE_AFTER", "PROBE_TIMEOUT", "STDERR_TAIL_BYTES", "Sessions", "Target", "check_arguments")
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ class Target:
     """What the host will run or call: the command line or URL (no secret values)."""
     annotations: Mapping[str, Any] | None
     """The tool's MCP annotations as last listed; None before the server was ever connected."""
+    input_schema: Mapping[str, Any] | None
+    """The tool's input schema as last listed; None before the server was ever connected."""
 
 
 class Sessions:
@@ -161,7 +164,9 @@ class Sessions:
             if spec is not None and spec.annotations
             else None
         )
-        return Target(entry.description, annotations)
+        schema = spec.input_schema if spec is not None else None
+        check_arguments(schema, request)
+        return Target(entry.description, annotations, schema)
 
     async def call(self, request: ToolRequest) -> ToolResultReply:
         """Make an approved call: start or reach its server if needed, then call the tool.
@@ -172,7 +177,9 @@ class Sessions:
         entry = self._entry(request)
         # Started here if it is not running; or, approval having taken long, reset or replaced meanwhile.
         live = await self._session(entry, request)
-        await self._find_tool(entry, live, request)
+        spec = await self._find_tool(entry, live, request)
+        # The first call to a server was asked about before its schema was known.
+        check_arguments(spec.input_schema, request)
         return await self._call(entry, live, request)
 
     def _entry(self, request: ToolRequest) -> _Entry:
@@ -327,6 +334,25 @@ class Sessions:
         if tail:
             message += f"\nits stderr ends with:\n{tail}"
         return ToolCallFailed("server_crashed", message, output=tail or None)
+
+
+def check_arguments(schema: Mapping[str, Any] | None, request: ToolRequest) -> None:
+    """Refuse a call whose arguments hold a key the tool's input schema forbids, before anyone is asked.
+
+    Raises:
+        ToolCallFailed: ``invalid_arguments``, naming the key and the declared key closest to it.
+    """
+    forbidden = forbidden_keys(schema, request.arguments)
+    if not forbidden or schema is None:
+        return
+    key = forbidden[0]
+    close = closest_key(schema, key)
+    hint = f"did you mean {quote(close)}?" if close else "the schema declares no key like it."
+    raise ToolCallFailed(
+        "invalid_arguments",
+        f"tool {quote(request.tool)} of MCP server {quote(request.server)} takes no argument {quote(key)} "
+        f"(its input schema forbids keys it does not declare); {hint} The call was not made.",
+    )
 
 
 async def _list_all_tools(session: ClientSession) -> dict[str, mcp_types.Tool]:

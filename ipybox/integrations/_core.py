@@ -220,9 +220,18 @@ class ApprovalPayload:
     server: str
     tool: str
     args: Mapping[str, Any]
+    """The whole arguments, as data (never cut); show them to a person through `description`."""
     description: str
-    """Says what will run: the tool, and the command line or URL the host runs for its server."""
+    """What will run, as text to show a person (`ApprovalRequest.description`): the tool, what the
+    host runs for its server, and every argument, with each string the kernel or a server chose
+    quoted and escaped, undeclared keys flagged, and long values cut with a note (the whole is in
+    ``args``)."""
     annotations: Mapping[str, Any] | None = None
+    undeclared_args: tuple[str, ...] = ()
+    """Keys of ``args`` the tool's input schema does not declare (`ApprovalRequest.undeclared_args`)."""
+    arguments_checked: bool = False
+    """Whether ``args`` were checked against the tool's input schema (False before the server was
+    ever listed: see `ApprovalRequest.input_schema`)."""
 
     @classmethod
     def of(cls, request: ApprovalRequest) -> ApprovalPayload:
@@ -233,6 +242,8 @@ class ApprovalPayload:
             args=request.tool_args,
             description=request.description,
             annotations=request.annotations,
+            undeclared_args=request.undeclared_args,
+            arguments_checked=request.input_schema is not None,
         )
 
     @property
@@ -254,6 +265,8 @@ class ApprovalPayload:
             "tool": self.tool,
             "args": _plain(self.args),
             "description": self.description,
+            "undeclared_args": list(self.undeclared_args),
+            "arguments_checked": self.arguments_checked,
         }
         if self.annotations:
             data["annotations"] = _plain(self.annotations)

@@ -77,11 +77,17 @@ class McpApprovalRequest(TypedDict):
     """``"server.tool"``."""
     args: dict[str, Any]
     description: str
-    """Names the tool and the command line or URL the host runs for its server."""
+    """What will run, as text to show a person (`ApprovalRequest.description`): every string the
+    kernel or a server chose quoted and escaped, long values cut with a note (``args`` is whole)."""
     request_id: str
     """ipybox's id of the request, ``"<execution id>:<n>"``; an answer may echo it."""
     server: str
     tool: str
+    undeclared_args: list[str]
+    """Keys of ``args`` the tool's input schema does not declare."""
+    arguments_checked: bool
+    """Whether ``args`` were checked against the tool's input schema (not before its server was
+    first listed)."""
     annotations: NotRequired[dict[str, Any]]
     """The MCP tool's annotations (``readOnlyHint`` ...), when it has any."""
 

@@ -380,6 +380,8 @@ def pending_mcp_calls(requests: DeferredToolRequests) -> dict[str, ApprovalPaylo
             args=data["args"],
             description=data["description"],
             annotations=data.get("annotations"),
+            undeclared_args=tuple(data.get("undeclared_args", ())),
+            arguments_checked=data.get("arguments_checked") is True,
         )
     return pending
 

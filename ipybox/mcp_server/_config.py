@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
+from ipybox._approval import ApprovalRules, check_tool_pattern
 from ipybox._config import Limits, SandboxConfig, Timeouts
 from ipybox._exceptions import SandboxUnavailable, UsageError
 from ipybox._mcp import HttpServer, StdioServer, parse_server_params
@@ -72,8 +73,9 @@ class ServerConfig:
         approval: What happens to a tool call from kernel code that no rule decides: ``"ask"`` the
             client's user through MCP elicitation (rejected with a hint when the client cannot be
             asked), ``"auto"`` approve, ``"deny"`` reject.
-        allow: ``server.tool`` globs approved without asking.
+        allow: ``server.tool`` globs approved without asking (tool calls only: see `ApprovalRules`).
         deny: ``server.tool`` globs always rejected (wins over everything).
+        deny_net: Destinations (written as in `Network.allow`) always rejected when asked for.
         allow_read_only: Approve tools annotated ``readOnlyHint: true``. A server is started only for
             an approved call, so its annotations are known from the second call on: the first call
             to a server is decided by the other rules.
@@ -86,8 +88,8 @@ class ServerConfig:
             ``ipybox_kernel.save_skill`` in kernel code); shared by every session, so a skill one
             session saves is importable in the next. None: no skills.
         network: Network egress for the kernels (`Network`); None: no network. Unlisted
-            destinations asked (``unlisted="ask"``) are decided like tool calls, by the rules
-            (``network:<host>:<port>`` globs in ``allow``/``deny``) and then the mode.
+            destinations asked (``unlisted="ask"``) are rejected if ``deny_net`` lists them, else
+            decided by the mode; tool globs in ``allow``/``deny`` never match them.
         pool_size: Over HTTP, kernels kept started for new sessions (0: none), so that a new
             session's first cell does not wait for its kernel to start. Each pooled kernel comes with
             its own directory ``sessions/<random>`` and tools directory, the shared ``skills_dir``
@@ -106,6 +108,7 @@ class ServerConfig:
     approval: ApprovalMode = "ask"
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
+    deny_net: tuple[str, ...] = ()
     allow_read_only: bool = False
     servers: Mapping[str, StdioServer | HttpServer] = field(default_factory=dict[str, StdioServer | HttpServer])
     allow_register: bool = True
@@ -120,6 +123,7 @@ class ServerConfig:
             raise UsageError(f"workspace {str(self.workspace)!r} is not an existing directory; create it first")
         if self.approval not in ("ask", "auto", "deny"):
             raise UsageError(f"approval must be 'ask', 'auto' or 'deny', got {self.approval!r}")
+        self.rules  # noqa: B018  (checks the patterns now rather than at the first tool call)
         for name, value in (("max_timeout", self.max_timeout), ("idle_ttl", self.idle_ttl)):
             if not value > 0:
                 raise UsageError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -132,6 +136,20 @@ class ServerConfig:
                 raise UsageError(f"{name} must be at least 1, got {size!r}")
         if self.pool_size < 0:
             raise UsageError(f"pool_size must be a number of kernels (0 for no pool), got {self.pool_size!r}")
+
+    @property
+    def rules(self) -> ApprovalRules:
+        """The approval rules of every session: the globs, then the mode."""
+        return ApprovalRules(
+            allow=self.allow,
+            deny=self.deny,
+            deny_net=self.deny_net,
+            allow_read_only=self.allow_read_only,
+            otherwise=_OTHERWISE[self.approval],
+        )
+
+
+_OTHERWISE: dict[str, Literal["ask", "accept", "reject"]] = {"ask": "ask", "auto": "accept", "deny": "reject"}
 
 
 def _load_config_file(path: Path) -> dict[str, Any]:
@@ -298,8 +316,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="calls no rule decides: ask the client's user via elicitation (default; rejected when the "
         "client cannot be asked), approve all, or reject all",
     )
-    approval.add_argument("--allow", action="append", default=[], metavar="GLOB", help="approve server.tool globs")
-    approval.add_argument("--deny", action="append", default=[], metavar="GLOB", help="reject server.tool globs")
+    approval.add_argument(
+        "--allow", action="append", default=[], metavar="GLOB", help="approve server.tool globs (tool calls only)"
+    )
+    approval.add_argument(
+        "--deny", action="append", default=[], metavar="GLOB", help="reject server.tool globs (tool calls only)"
+    )
     approval.add_argument(
         "--allow-read-only",
         action="store_true",
@@ -319,8 +341,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     network.add_argument(
         "--ask-net",
         action="store_true",
-        help="decide destinations not in --allow-net like tool calls (--allow/--deny 'network:HOST:PORT' globs, "
-        "then --approval) instead of denying them",
+        help="decide destinations not in --allow-net by --deny-net, then --approval (ask the user, approve, "
+        "reject) instead of denying them; --allow/--deny tool globs never match destinations",
+    )
+    network.add_argument(
+        "--deny-net",
+        action="append",
+        default=[],
+        metavar="DEST",
+        help="with --ask-net: reject DEST without asking (written as for --allow-net); repeatable",
     )
 
 
@@ -353,6 +382,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         raise UsageError(f"'approval' in {source} must be an object")
     policy = cast("dict[str, object]", policy_raw)
     _check_keys(policy, _APPROVAL_KEYS, f"'approval' of {source}")
+    allow = (*_str_list(policy.get("allow"), "allow", source), *args.allow)
+    deny = (*_str_list(policy.get("deny"), "deny", source), *args.deny)
+    # Checked here to name the options: a destination goes to --allow-net, never to --allow.
+    for pattern in allow:
+        check_tool_pattern(pattern, "--allow", "--allow-net")
+    for pattern in deny:
+        check_tool_pattern(pattern, "--deny", "--deny-net (with --ask-net)")
     mode: object = args.approval or policy.get("mode", "ask")
     if mode not in ("ask", "auto", "deny"):
         raise UsageError(f"approval mode in {source} must be 'ask', 'auto' or 'deny', got {mode!r}")
@@ -379,8 +415,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limits=limits,
         timeouts=timeouts,
         approval=mode,
-        allow=(*_str_list(policy.get("allow"), "allow", source), *args.allow),
-        deny=(*_str_list(policy.get("deny"), "deny", source), *args.deny),
+        allow=allow,
+        deny=deny,
+        deny_net=tuple(args.deny_net),
         allow_read_only=args.allow_read_only or policy.get("allowReadOnly") is True,
         servers=servers,
         # Registering a server starts a command on this host: a local stdio client may, a network

@@ -8,7 +8,6 @@ ends), its registered servers and the approval of the tool calls its code makes.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import secrets
 import shutil
@@ -17,7 +16,7 @@ from collections.abc import AsyncGenerator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, cast
+from typing import cast
 
 import anyio
 import anyio.abc
@@ -27,7 +26,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, Field
 
-from ipybox._approval import ApprovalCallback, ApprovalDecision, ApprovalRequest, ApprovalRules
+from ipybox._approval import ApprovalCallback, ApprovalDecision, ApprovalRequest
+from ipybox._approvaltext import request_text
 from ipybox._events import wait_any
 from ipybox._exceptions import IpyboxError
 from ipybox._executor import CodeExecutor
@@ -46,10 +46,12 @@ logger = logging.getLogger(__name__)
 _STATE_KEY = "ipybox.session"
 # The tools package name inside a session's private state directory (imported as `mcptools.<server>`).
 _TOOLS_PACKAGE = "mcptools"
-# Characters of the running code shown in an approval prompt; enough to recognise it.
-_PROMPT_CODE_CHARS = 1500
-# Characters of one argument value shown in an approval prompt.
-_PROMPT_ARG_CHARS = 500
+# Characters of the running code shown in an approval prompt: enough to recognise it (the client
+# has the whole code: it sent it).
+_PROMPT_CODE_CHARS = 5_000
+# Characters of one argument value shown in an approval prompt; the prompt is the only place its
+# user can see them, so only values too large to read are cut (ipybox.save_skill's code never).
+_PROMPT_ARG_CHARS = 20_000
 
 
 @dataclass(eq=False)
@@ -231,27 +233,23 @@ class Session:
         return functools.partial(self._approve, ctx, code)
 
     async def _approve(self, ctx: Context | None, code: str, request: ApprovalRequest) -> ApprovalDecision:
-        config = self.config
-        rules = ApprovalRules(
-            allow=config.allow,
-            deny=config.deny,
-            allow_read_only=config.allow_read_only,
-            otherwise=_OTHERWISE[config.approval],
-        )
-        decision = rules.decide(request)
+        decision = self.config.rules.decide(request)
         if decision is not None:
             return decision
         name = request.rule_name
         capabilities = ctx.client_capabilities if ctx is not None else None
         can_ask = ctx is not None and ctx.request_context.session.can_send_request
         if ctx is None or not can_ask or capabilities is None or capabilities.elicitation is None:
+            if isinstance(request, NetworkRequest):
+                fix = f"'--allow-net {request.destination}' (or another --allow-net entry) to allow the destination"
+            else:
+                fix = f"'--allow {name}' (or another --allow glob), '--allow-read-only' or '--approval auto'"
             return ApprovalDecision(
                 approved=False,
                 by="policy",
                 reason=(
                     f"{name} needs approval, but this MCP client cannot ask its user (no elicitation support); "
-                    f"start ipybox with '--allow {name}' (or another --allow glob), '--allow-read-only' "
-                    "or '--approval auto' to allow tool calls"
+                    f"start ipybox with {fix}"
                 ),
             )
         try:
@@ -266,43 +264,24 @@ class Session:
         return ApprovalDecision(approved=False, reason=f"the user {how} the call to {name}")
 
 
-_OTHERWISE: dict[str, Literal["ask", "accept", "reject"]] = {"ask": "ask", "auto": "accept", "deny": "reject"}
-
-
 class _ApprovalForm(BaseModel):
     approve: bool = Field(default=True, description="Allow this tool call to run")
 
 
 def _approval_message(request: ApprovalRequest, code: str) -> str:
-    args: list[str] = []
-    for key, value in request.tool_args.items():
-        text = json.dumps(value, ensure_ascii=False, default=repr)
-        if len(text) > _PROMPT_ARG_CHARS:
-            text = text[:_PROMPT_ARG_CHARS] + f"... ({len(text)} characters)"
-        args.append(f"  {key} = {text}")
-    shown = code if len(code) <= _PROMPT_CODE_CHARS else code[:_PROMPT_CODE_CHARS] + "\n# ... (code truncated)"
-    hints = ", ".join(f"{k}={v}" for k, v in (request.annotations or {}).items() if v is not None)
-    if isinstance(request, NetworkRequest):
-        return "\n".join(
-            [
-                f"Code running in ipybox wants to connect to {request.host}:{request.port}.",
-                "Code:",
-                shown,
-                "Approve to let this connection through; decline to refuse it (the code gets an HTTP 403).",
-            ]
-        )
-    return "\n".join(
-        [
-            f"Code running in ipybox wants to call tool {request.tool_name!r} of MCP server {request.server_name!r}.",
-            f"Server: {request.server}",
-            *([f"Tool hints: {hints}"] if hints else []),
-            "Arguments:" if args else "Arguments: none",
-            *args,
-            "Code:",
-            shown,
-            "Approve to run this call; decline to make it raise ToolCallRejected in the code.",
-        ]
+    """The elicitation text: the request as every rendering shows it (ipybox._approvaltext), the code
+    that made it, and what the answers do."""
+    text = request_text(
+        request,
+        value_chars=_PROMPT_ARG_CHARS,
+        whole_at="this prompt cannot show the rest: decline unless you know what it holds",
+        code=code,
+        code_chars=_PROMPT_CODE_CHARS,
+        code_whole_at="the whole code is the 'code' argument of this execute_ipython_cell call",
     )
+    if isinstance(request, NetworkRequest):
+        return f"{text}\nApprove to let this connection through; decline to refuse it (the code gets an HTTP 403)."
+    return f"{text}\nApprove to run this call; decline to make it raise ToolCallRejected in the code."
 
 
 class Sessions:

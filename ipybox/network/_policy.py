@@ -35,7 +35,17 @@ from typing import Literal, TypeAlias
 
 from ipybox._exceptions import UsageError
 
-__all__ = ("DEFAULT_PORTS", "Entry", "Network", "NetworkEvent", "address_problem", "host_problem", "parse_entry")
+__all__ = (
+    "DEFAULT_PORTS",
+    "Entry",
+    "Network",
+    "NetworkEvent",
+    "address_problem",
+    "any_entry_allows",
+    "host_problem",
+    "normalize_host",
+    "parse_entry",
+)
 
 IPAddress: TypeAlias = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork: TypeAlias = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -168,6 +178,17 @@ def _port(port: str, text: str) -> frozenset[int] | None:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"Network allow entry {text!r}: the port must be 1-65535 or '*', got {port!r}")
     return frozenset({int(port)})
+
+
+def any_entry_allows(entries: Sequence[Entry], host: str, port: int) -> bool:
+    """Whether one of ``entries`` allows ``host`` (normalized: a name or an address literal) on ``port``."""
+    address = parse_ip(host)
+    for entry in entries:
+        if not entry.allows_port(port):
+            continue
+        if entry.contains(address) if address is not None else entry.matches_name(host):
+            return True
+    return False
 
 
 def address_problem(address: IPAddress) -> str | None:
@@ -340,13 +361,7 @@ class Network:
 
     def listed(self, host: str, port: int) -> bool:
         """Whether an entry allows ``host`` (normalized) on ``port``."""
-        address = parse_ip(host)
-        for entry in self.entries:
-            if not entry.allows_port(port):
-                continue
-            if entry.contains(address) if address is not None else entry.matches_name(host):
-                return True
-        return False
+        return any_entry_allows(self.entries, host, port)
 
     def refusal(self, address: IPAddress, port: int) -> str | None:
         """Why connections may not reach ``address`` on ``port`` (whatever name led there), or None.

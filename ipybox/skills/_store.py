@@ -37,6 +37,7 @@ from ipybox_kernel._skills import (
 
 __all__ = (
     "MAX_CODE_CHARS",
+    "SAVE_SKILL_SCHEMA",
     "SKILLS_PACKAGE",
     "Skill",
     "check_skill",
@@ -163,6 +164,20 @@ def _check_code(label: str, code: object) -> None:
             "defines no top-level function 'run'; wrap what the skill does in 'def run(...) -> ...:' with typed "
             "parameters and a docstring",
         )
+
+
+# The arguments of ipybox.save_skill as kernel code sends them (ipybox_kernel.save_skill).
+SAVE_SKILL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "code": {"type": "string"},
+        "description": {"type": "string"},
+        "overwrite": {"type": "boolean"},
+    },
+    "required": ["name", "code", "description"],
+    "additionalProperties": False,
+}
 
 
 def skill_arguments(arguments: Mapping[str, object]) -> tuple[str, str, str, bool]:

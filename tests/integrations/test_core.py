@@ -160,6 +160,8 @@ async def test_the_payload_is_plain_json_naming_what_the_host_will_run(executor:
     assert data["name"] == "test.greet" and data["args"] == {"name": "p"}
     assert data["request_id"] == f"{execution.id}:1"
     assert "test_server.py" in data["description"]
+    assert data["description"] == asked[0].description and '\n  "name": "p"' in data["description"]
+    assert data["undeclared_args"] == [] and isinstance(data["arguments_checked"], bool)
     assert asked[0].call_name == "test__greet"
     execution.cancel()
 

@@ -109,7 +109,10 @@ async def test_one_code_action_with_two_mcp_calls_pauses_twice_and_runs_the_code
     assert [[it.value["name"] for it in r] for r in rounds] == [["test.greet"], ["test.add"]]
     first = rounds[0][0].value
     assert json.loads(json.dumps(first)) == first
-    assert set(first) == {"type", "tool_call_id", "name", "args", "description", "request_id", "server", "tool"}
+    assert set(first) == {"type", "tool_call_id", "name", "args", "description", "request_id", "server", "tool"} | {
+        "undeclared_args",
+        "arguments_checked",
+    }
     assert first["type"] == "tool_approval" and first["tool_call_id"] == "call-1"
     assert first["args"] == {"name": "a"} and "test_server.py" in first["description"]
     assert first["request_id"].endswith(":1")

@@ -147,6 +147,7 @@ class GateCall:
     request: ToolRequest
     server: str
     annotations: Mapping[str, Any] | None
+    input_schema: Mapping[str, Any] | None = None
 
     @property
     def server_name(self) -> str:
@@ -169,9 +170,15 @@ class RecordingGate:
     calls: list[GateCall] = field(default_factory=list[GateCall])
 
     async def __call__(
-        self, request: ToolRequest, /, *, server: str, annotations: Mapping[str, Any] | None
+        self,
+        request: ToolRequest,
+        /,
+        *,
+        server: str,
+        annotations: Mapping[str, Any] | None,
+        input_schema: Mapping[str, Any] | None = None,
     ) -> ApprovalDecision:
-        self.calls.append(GateCall(request, server, annotations))
+        self.calls.append(GateCall(request, server, annotations, input_schema))
         if request.tool in self.deny:
             return ApprovalDecision(approved=False, reason=self.deny[request.tool])
         return ApprovalDecision(approved=True)

@@ -15,7 +15,6 @@ nothing. `tests/integrations/test_openai_agents.py` pins the SDK behaviour this 
 from __future__ import annotations
 
 import contextvars
-import json
 import re
 import secrets
 import weakref
@@ -48,6 +47,7 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 from pydantic import ValidationError
 
 from ipybox import ApprovalRequest, CodeExecutor, Execution, ExecutionLost, UsageError
+from ipybox._approvaltext import safe_json
 from ipybox.integrations._core import ActionOutcome, ApprovalPayload, Decision, drive, start_or_attach
 from ipybox_kernel._search import tool_index
 
@@ -361,7 +361,8 @@ class _KernelDriver(Model):
 
     def _call(self, key: str, call_name: str, payload: ApprovalPayload) -> ModelResponse:
         call_id = f"{key}{_SEP}{payload.request_id}"
-        arguments = json.dumps(payload.to_json()["args"], ensure_ascii=False)
+        # Whole, and escaped like every approval text: an approval UI shows this string as it is.
+        arguments = safe_json(payload.to_json()["args"])
         call = ResponseFunctionToolCall(
             id=call_id, call_id=call_id, type="function_call", name=call_name, arguments=arguments
         )
