@@ -7,14 +7,13 @@ ends), its registered servers and the approval of the tool calls its code makes.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import secrets
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from collections.abc import AsyncGenerator, Generator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, cast
@@ -27,7 +26,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, Field
 
-from ipybox._approval import ApprovalCallback, ApprovalDecision, ApprovalRequest, ApprovalRules
+from ipybox._approval import ApprovalDecision, ApprovalRequest, ApprovalRules
 from ipybox._events import wait_any
 from ipybox._exceptions import IpyboxError
 from ipybox._executor import CodeExecutor
@@ -88,6 +87,8 @@ class Session:
     _activity: anyio.Event = field(default_factory=anyio.Event)
     _wanted: anyio.Event = field(default_factory=anyio.Event)
     _changed: anyio.Event = field(default_factory=anyio.Event)
+    _asking: tuple[Context | None, str] = (None, "")
+    """The client to ask about the running execution's calls, and its code (see `asking`)."""
 
     @property
     def tools_dir(self) -> Path:
@@ -148,7 +149,7 @@ class Session:
             limits=config.limits,
             timeouts=config.timeouts,
             tools_dir=self.tools_dir,
-            approval=self.approval_for(None, ""),
+            approval=self._approve,
             skills_dir=config.skills_dir,
             network=config.network,
             pool=pool,
@@ -226,11 +227,22 @@ class Session:
 
     # -- approval --------------------------------------------------------------------------
 
-    def approval_for(self, ctx: Context | None, code: str) -> ApprovalCallback:
-        """The approval policy of one request's execution: prompts go to that request's client."""
-        return functools.partial(self._approve, ctx, code)
+    @contextmanager
+    def asking(self, ctx: Context, code: str) -> Generator[None]:
+        """Send the prompts of the block's execution to the client of ``ctx``, showing ``code``.
 
-    async def _approve(self, ctx: Context | None, code: str, request: ApprovalRequest) -> ApprovalDecision:
+        The executor's policy stays one callback for every execution: the gate refuses calls in an
+        execution whose policy differs from the earlier ones' (code they left behind could be
+        making them), and every execution of a session is decided by the same rules.
+        """
+        self._asking = (ctx, code)
+        try:
+            yield
+        finally:
+            self._asking = (None, "")
+
+    async def _approve(self, request: ApprovalRequest) -> ApprovalDecision:
+        ctx, code = self._asking
         config = self.config
         rules = ApprovalRules(
             allow=config.allow,
