@@ -324,10 +324,14 @@ async def test_allow_for_this_executor_is_remembered_and_approval_rules_match_de
     assert len(asked) == 1 and text.startswith("hello")
     asked, text = await _answer_each(asking, code, [])
     assert asked == [] and text.startswith("hello")
+    # Each execution's own rules get a fresh kernel: after code that ran under other rules (or "ask"),
+    # its connections would be refused whatever the rules say (SECURITY.md, "Attribution of requests").
+    await asking.reset()
     rules = ApprovalRules(allow=["network:web.test:*"], otherwise="reject")
     code = _FETCH.format(names=["web.test"], port=web.port)
     asked, text = await _answer_each(asking, code, [], approval=rules)
     assert asked == [] and text.startswith("hello")
+    await asking.reset()
     rules = ApprovalRules(deny=["network:web.*"])
     asked, text = await _answer_each(asking, code, [], approval=rules)
     assert asked == [] and "is denied by the approval rules" in text

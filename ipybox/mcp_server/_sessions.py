@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 from ipybox._approval import ApprovalDecision, ApprovalRequest, ApprovalRules
 from ipybox._events import wait_any
 from ipybox._exceptions import IpyboxError
+from ipybox._execution import Execution
 from ipybox._executor import CodeExecutor
 from ipybox._mcp import HttpServer, StdioServer
 from ipybox._pool import KernelPool
@@ -87,8 +88,8 @@ class Session:
     _activity: anyio.Event = field(default_factory=anyio.Event)
     _wanted: anyio.Event = field(default_factory=anyio.Event)
     _changed: anyio.Event = field(default_factory=anyio.Event)
-    _asking: tuple[Context | None, str] = (None, "")
-    """The client to ask about the running execution's calls, and its code (see `asking`)."""
+    _asking: dict[str, tuple[Context, str]] = field(default_factory=dict[str, tuple[Context, str]])
+    """The client to ask about each running execution's calls, and its code, by execution id."""
 
     @property
     def tools_dir(self) -> Path:
@@ -228,21 +229,23 @@ class Session:
     # -- approval --------------------------------------------------------------------------
 
     @contextmanager
-    def asking(self, ctx: Context, code: str) -> Generator[None]:
-        """Send the prompts of the block's execution to the client of ``ctx``, showing ``code``.
+    def asking(self, execution: Execution, ctx: Context) -> Generator[None]:
+        """Send the prompts of ``execution``'s calls to the client of ``ctx``, with its code.
 
-        The executor's policy stays one callback for every execution: the gate refuses calls in an
-        execution whose policy differs from the earlier ones' (code they left behind could be
-        making them), and every execution of a session is decided by the same rules.
+        The executor's policy is one callback for every execution, which finds the client by the
+        request's execution: the gate refuses the calls of an execution whose policy differs from an
+        earlier one's (code that one left behind could be making them), and a request never goes
+        to another request's client, even while a cancelled execution is still winding down.
         """
-        self._asking = (ctx, code)
+        self._asking[execution.id] = (ctx, execution.code)
         try:
             yield
         finally:
-            self._asking = (None, "")
+            del self._asking[execution.id]
 
     async def _approve(self, request: ApprovalRequest) -> ApprovalDecision:
-        ctx, code = self._asking
+        # The request's id is "<execution id>:<n>" (ApprovalRequest.id).
+        ctx, code = self._asking.get(request.id.rsplit(":", 1)[0], (None, ""))
         config = self.config
         rules = ApprovalRules(
             allow=config.allow,

@@ -114,8 +114,8 @@ def add_execute_tool(server: MCPServer, config: ServerConfig) -> None:
         session = await session_of(ctx)
         async with session.use() as executor, session.lock:
             notice, session.notice = session.notice, ""
-            with session.asking(ctx, code):
-                execution = executor.execute(code, timeout=timeout or config.timeouts.execution)
+            execution = executor.execute(code, timeout=timeout or config.timeouts.execution)
+            with session.asking(execution, ctx):
                 try:
                     result = await execution
                 except anyio.get_cancelled_exc_class():
