@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from network_support import serving
 
-from ipybox import ApprovalRequest, ApprovalRules, CodeExecutionResult, CodeExecutor
+from ipybox import ApprovalRequest, ApprovalRules, CodeExecutionResult, CodeExecutor, Network
 from ipybox._approval import Approval
 
 pytestmark = pytest.mark.anyio
@@ -120,3 +121,31 @@ async def test_a_later_code_action_under_a_different_policy_has_its_calls_refuse
         requests, refused = await run_under(executor, CATCH_OWN_CALL, "auto")
         assert requests == []
         assert refused.text.startswith(REFUSED) and "reset()" in refused.text
+
+
+async def test_a_thread_left_by_a_code_action_that_rejects_everything_cannot_connect_under_the_next_ones_auto(
+    workspace: Path,
+) -> None:
+    with serving() as web:
+        # The server's address may be reached once the name is approved; the name is not listed.
+        network = Network(allow=[f"127.0.0.1:{web.port}"], unlisted="ask", hosts={"web.test": "127.0.0.1"})
+        async with CodeExecutor(workspace=workspace, tools_dir=None, network=network) as executor:
+            leave = (
+                "import threading, urllib.request, urllib.error\n"
+                "release, done, outcome = threading.Event(), threading.Event(), []\n"
+                "def connect():\n"
+                "    release.wait()\n"
+                "    try:\n"
+                f"        outcome.append(urllib.request.urlopen('http://web.test:{web.port}/left').read().decode())\n"
+                "    except urllib.error.HTTPError as e:\n"
+                "        outcome.append(f'{e.code} {e.reason}')\n"
+                "    done.set()\n"
+                "threading.Thread(target=connect).start()\n"
+            )
+            await run_under(executor, leave, ApprovalRules(otherwise="reject"))
+            requests, released = await run_under(
+                executor, "release.set()\nassert done.wait(60)\nprint(outcome[0])", "auto"
+            )
+            assert requests == []
+            assert released.text.startswith("403 ") and "reset()" in released.text, released.text
+            assert web.paths == []
