@@ -335,6 +335,7 @@ async def test_allow_for_this_executor_is_remembered_and_approval_rules_match_de
     rules = ApprovalRules(deny=["network:web.*"])
     asked, text = await _answer_each(asking, code, [], approval=rules)
     assert asked == [] and "is denied by the approval rules" in text
+    await asking.reset()  # the next tests run under the executor's "ask" again
 
 
 async def test_limits_on_connections_bytes_and_idle_time_hold_and_are_reported(
