@@ -46,8 +46,9 @@ class Timeouts:
     """How long things may take, in seconds (None: no limit).
 
     Attributes:
-        execution: Default time one code action may run, not counting approval waits
-            (`CodeExecutor.execute` can set its own). When it runs out the kernel is interrupted.
+        execution: Default time one code action may run (`CodeExecutor.execute` can set its own);
+            while a call waits for approval only the CPU time the kernel uses counts. When it runs
+            out the kernel is interrupted.
         approval: Time an ``"ask"`` approval waits for the application's decision before the call
             is rejected (the code goes on and sees `ToolCallRejected`).
         tool: Time one MCP tool call may take once approved.

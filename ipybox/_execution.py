@@ -3,8 +3,8 @@ engine holds, created together by `open_execution` (the way anyio pairs a memory
 receive ends).
 
 Consumers can only read (await, iterate, replay), answer approval requests and cancel. Only the
-driver can add events, ask for approvals, end the execution, and run the clock that stops while an
-approval is pending.
+driver can add events, ask for approvals, end the execution, and run the clock that counts only
+the kernel's CPU time while an approval is pending.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ UNANSWERED_WARNING_AFTER = 10.0
 
 _ids = itertools.count(1)
 
+# Seconds between two readings of the kernel's CPU time while an approval is pending: how late a
+# timeout may come then.
+CPU_SAMPLE_INTERVAL = 0.1
+
 
 @dataclass(eq=False)
 class _State:
@@ -50,7 +54,8 @@ class _State:
     error: IpyboxError | None = None
     approvals: dict[str, ApprovalRequest] = field(default_factory=dict[str, ApprovalRequest])
     pending: int = 0
-    """Approval requests waiting for a decision; the execution's clock stands still meanwhile."""
+    """Approval requests waiting for a decision; the execution's clock counts only the kernel's CPU
+    time meanwhile (`ExecutionDriver.within_budget`)."""
     pending_changed: anyio.Event = field(default_factory=anyio.Event)
     iterating: int = 0
     awaiting: int = 0
@@ -308,9 +313,10 @@ class ExecutionDriver:
         """Surface ``request`` as an event and wait for the application's decision.
 
         With ``after_mark``, the request comes only after the kernel output up to that mark (for at
-        most `OUTPUT_MARK_WAIT`; see ipybox._marks). The execution's clock stands still while the
-        decision is pending (see `within_budget`). Past ``limit`` the call is rejected and the code
-        goes on; past the execution's ``ttl`` the whole execution is cancelled.
+        most `OUTPUT_MARK_WAIT`; see ipybox._marks). While the decision is pending the execution's
+        clock counts only the CPU time the kernel uses (see `within_budget`). Past ``limit`` the
+        call is rejected and the code goes on; past the execution's ``ttl`` the whole execution is
+        cancelled.
         """
         await self.marks.wait_for(after_mark)
         state, ttl_given = self._state, self.execution.ttl
@@ -366,26 +372,39 @@ class ExecutionDriver:
         state.pending_changed.set()
         state.pending_changed = anyio.Event()
 
-    async def within_budget(self, finished: anyio.Event) -> bool:
+    async def within_budget(self, finished: anyio.Event, cpu: Callable[[], float | None]) -> bool:
         """Wait until ``finished``; False if the execution's timeout ran out first.
 
-        The clock stops while approval requests are pending.
+        The clock runs on wall time, except while approval requests are pending: then it runs as
+        fast as the kernel uses CPU (``cpu()``: the CPU seconds of the kernel and everything it
+        started), never faster than wall time. Code blocked on its approval uses none, so a long
+        wait costs nothing, while a thread of it that computes meanwhile is charged as if nothing
+        waited. Where ``cpu()`` is None (the host cannot see the kernel) the clock stops instead.
         """
         state, remaining = self._state, self.execution.timeout
         if remaining is None:
             await finished.wait()
             return True
         while not finished.is_set():
-            changed = state.pending_changed
-            if state.pending:
-                await wait_any(finished, changed)
-                continue
             if remaining <= 0:
                 return False
+            changed = state.pending_changed
             begin = anyio.current_time()
-            with anyio.move_on_after(remaining):
+            if not state.pending:
+                with anyio.move_on_after(remaining):
+                    await wait_any(finished, changed)
+                remaining -= anyio.current_time() - begin
+                continue
+            used = cpu()
+            if used is None:
                 await wait_any(finished, changed)
-            remaining -= anyio.current_time() - begin
+                continue
+            with anyio.move_on_after(min(remaining, CPU_SAMPLE_INTERVAL)):
+                await wait_any(finished, changed)
+            now = cpu()
+            if now is not None:
+                # A process reaped without being waited for takes its CPU time along: never negative.
+                remaining -= max(0.0, min(now - used, anyio.current_time() - begin))
         return True
 
 

@@ -318,8 +318,9 @@ class CodeExecutor:
 
         Args:
             code: Python source; IPython syntax (magics, top-level ``await``) works.
-            timeout: Seconds the code may run (not counting approval waits); defaults to the
-                executor's ``timeouts.execution``. When it runs out the kernel is interrupted, and
+            timeout: Seconds the code may run; defaults to the executor's ``timeouts.execution``.
+                While a call waits for approval only the CPU time the kernel uses counts (a
+                kernel on a gateway: none). When it runs out the kernel is interrupted, and
                 restarted if it does not stop within ``timeouts.interrupt_grace`` seconds.
             key: Makes starting idempotent: while this executor runs, the same key returns the same
                 execution, and the code runs once. A keyed execution also outlives the cancellation
@@ -328,7 +329,10 @@ class CodeExecutor:
                 has ended and its outcome was delivered, the executor forgets it: `attach` and
                 starting the key again raise `ExecutionLost`.
             approval: This execution's approval policy, instead of the executor's (same values
-                as ``CodeExecutor(approval=...)``).
+                as ``CodeExecutor(approval=...)``). Code an earlier execution left in the kernel
+                can act while this one runs, so if an earlier execution in the same kernel ran
+                under a different policy (other than ``"auto"``), this execution's tool calls and
+                connections are refused: call `reset` first, or use one policy throughout.
             ttl: Seconds the execution may wait for one approval decision; then it is cancelled
                 (`ExecutionCancelled`, with ``execution.expired`` set), its key is forgotten and
                 `attach` raises `ExecutionLost`. None: it waits as long as the approval timeout
@@ -386,7 +390,7 @@ class CodeExecutor:
     async def _run(self, kernel: KernelHandle, driver: ExecutionDriver) -> None:
         msg_id = kernel.new_msg_id()
         try:
-            with self._gate.running(driver, msg_id):
+            with self._gate.running(driver, msg_id, kernel):
                 await run_execution(
                     kernel,
                     driver,

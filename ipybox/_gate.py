@@ -5,10 +5,18 @@ proxy) reach the host on their own channels, while the code action that made the
 ties each one to the running execution, refuses those of code that outlived its execution, and
 decides the rest by the execution's policy, else the executor's, else by asking the application
 (an `ApprovalRequest` event of the execution).
+
+Which code made a request cannot be established from inside the kernel: every execution leaves its
+state behind (threads, processes, callbacks, signal handlers, patched functions), and any of it can
+read the running execution's id from the kernel's memory. So a request is decided by the running
+execution's policy only when that gives earlier code no more than it had: every code action since
+the kernel started ran under the same policy, or under ``"auto"``. Otherwise it is refused, naming
+the earlier code action and the fix (SECURITY.md, "Attribution of requests").
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -19,6 +27,8 @@ from ._toolserver._channel import ToolRequest
 from .network._request import NetworkRequest, network_request_fields
 
 __all__ = ("ApprovalGate",)
+
+logger = logging.getLogger(__name__)
 
 # Why a tool call from code that outlived its execution is refused.
 _STRAY_CALL = (
@@ -42,15 +52,31 @@ class ApprovalGate:
         self._driver: ExecutionDriver | None = None
         # The kernel's id for the running execution, which its tool calls must carry.
         self._msg_id: str | None = None
+        # The kernel the earlier executions ran in, and the policies other than "auto" they ran
+        # under with the first execution of each: at most two, since two different ones already
+        # differ from any third.
+        self._kernel: object = None
+        self._earlier: list[tuple[Approval, str]] = []
+        self._warned: str | None = None
 
     @contextmanager
-    def running(self, driver: ExecutionDriver, msg_id: str) -> Generator[None]:
-        """Route requests to ``driver``'s execution while the block runs (the kernel's ``msg_id``)."""
+    def running(self, driver: ExecutionDriver, msg_id: str, kernel: object) -> Generator[None]:
+        """Route requests to ``driver``'s execution while the block runs (the kernel's ``msg_id``).
+
+        ``kernel`` is the kernel it runs in: what earlier executions left behind lives as long as
+        that kernel does, and no longer.
+        """
+        if kernel is not self._kernel:
+            self._kernel, self._earlier = kernel, []
         self._driver, self._msg_id = driver, msg_id
+        began = self._policy_of(driver)
         try:
             yield
         finally:
             self._driver = self._msg_id = None
+            # Both: the executor's policy may have been changed while it ran.
+            self._remember(began, driver.execution.id)
+            self._remember(self._policy_of(driver), driver.execution.id)
 
     def running_id(self) -> str | None:
         """The id of the execution that runs now, if one does."""
@@ -70,6 +96,9 @@ class ApprovalGate:
         # a call from one that outlived its execution must not be shown as the running one's.
         if driver is None or call.execution is None or call.execution != self._msg_id:
             return ApprovalDecision(approved=False, reason=_STRAY_CALL, by="policy")
+        unknown = self._origin_unknown(driver, f"tool call {call.server}.{call.tool}")
+        if unknown is not None:
+            return unknown
         request = driver.new_request(
             server_name=call.server,
             tool_name=call.tool,
@@ -85,6 +114,9 @@ class ApprovalGate:
         driver = self._driver
         if driver is None or driver.execution.id != execution_id:
             return ApprovalDecision(approved=False, reason="its code action has ended", by="policy")
+        unknown = self._origin_unknown(driver, f"connection to {host}:{port}")
+        if unknown is not None:
+            return unknown
         fields = network_request_fields(host, port)
         request = driver.new_request(NetworkRequest, **fields, execution_id=execution_id)
         return await self._decide(driver, request)
@@ -92,10 +124,43 @@ class ApprovalGate:
     async def _decide(
         self, driver: ExecutionDriver, request: ApprovalRequest, *, after_mark: int | None = None
     ) -> ApprovalDecision:
-        own = driver.execution.policy
-        decision = await decide_by_policy(self.policy if own is None else own, request)
+        decision = await decide_by_policy(self._policy_of(driver), request)
         if decision is None:
             # Shown to the application: after what the code printed before the call (ipybox._marks).
             return await driver.ask(request, self._timeout, after_mark=after_mark)
         request.decide(decision)
         return decision
+
+    def _policy_of(self, driver: ExecutionDriver) -> Approval:
+        own = driver.execution.policy
+        return self.policy if own is None else own
+
+    def _remember(self, policy: Approval, execution: str) -> None:
+        # "auto" gave its code everything already: no later policy can give it more.
+        if policy == "auto" or len(self._earlier) >= 2 or any(_same(policy, p) for p, _ in self._earlier):
+            return
+        self._earlier.append((policy, execution))
+
+    def _origin_unknown(self, driver: ExecutionDriver, what: str) -> ApprovalDecision | None:
+        """The refusal of a request that code of an earlier execution, run under another policy,
+        may have made; None if the running execution's policy may decide it."""
+        policy = self._policy_of(driver)
+        earlier = next((execution for p, execution in self._earlier if not _same(p, policy)), None)
+        if earlier is None:
+            return None
+        reason = (
+            f"ipybox cannot tell this request from one made by code that code action {earlier} left in the "
+            "kernel (a thread, a process, a callback or a patched function), and that code action ran under "
+            "another approval policy, so it is refused rather than decided by this code action's policy. Call "
+            "reset() before running code under an approval policy that differs from the earlier code's in "
+            "the same kernel, or run them all under the same policy"
+        )
+        if self._warned != driver.execution.id:
+            self._warned = driver.execution.id
+            logger.warning("refused the %s of execution %s: %s", what, driver.execution.id, reason)
+        return ApprovalDecision(approved=False, reason=reason, by="policy")
+
+
+def _same(a: Approval, b: Approval) -> bool:
+    """Whether two policies decide alike: the same mode, equal `ApprovalRules`, the same callback."""
+    return a is b or a == b

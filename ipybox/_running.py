@@ -55,7 +55,7 @@ async def run_execution(
         else:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(consume)
-                timed_out = not await driver.within_budget(finished)
+                timed_out = not await driver.within_budget(finished, kernel.cpu_seconds)
                 if timed_out:
                     kernel.interrupt()
                     with anyio.move_on_after(interrupt_grace):

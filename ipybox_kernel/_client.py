@@ -121,15 +121,21 @@ def _parse_reply(server_name: str, tool_name: str, line: bytes) -> ToolOutput:
 def _execution_id() -> str | None:
     """The IPython parent msg_id of the cell this code belongs to.
 
-    In a thread, the cell that started the thread (ipybox_kernel._context); in a subprocess of the
-    kernel, the cell that ran when it started; None outside an ipybox kernel. The host allows a call
-    only while the cell it names runs.
+    In a thread, the cell that started it (ipybox_kernel._context); in a subprocess of the kernel,
+    the cell that ran when it started; None outside an ipybox kernel, and in a thread that carries
+    no cell of its own (started by ``_thread`` or C code): ipykernel's fallback for those is the
+    cell that runs now, whatever started them. The host allows a call only while the cell it names
+    runs.
     """
+    from ._context import execution_of
+
     ipython = sys.modules.get("IPython")
     try:
-        msg_id = ipython.get_ipython().kernel.get_parent()["header"]["msg_id"]  # pyright: ignore[reportOptionalMemberAccess]
-    except (AttributeError, KeyError, TypeError):
+        kernel = ipython.get_ipython().kernel  # pyright: ignore[reportOptionalMemberAccess]
+    except AttributeError:
         msg_id = os.environ.get(EXECUTION_ENV)
+    else:
+        msg_id = execution_of(kernel, inherited=False)
     return msg_id if isinstance(msg_id, str) and msg_id else None
 
 

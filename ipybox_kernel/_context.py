@@ -11,8 +11,9 @@ with ``Thread(context=...)``), and work submitted to a thread pool runs in the s
 (what ``asyncio.to_thread`` does), whichever thread of the pool picks it up. Threads started
 outside any cell (ipykernel's own, at start-up) keep the old fallback.
 
-Not covered: threads started through ``_thread.start_new_thread`` or by C code, and output written
-straight to file descriptor 1 or 2, which has no context at all.
+Not covered: threads started through ``_thread.start_new_thread`` or by C code (their tool calls
+name no cell and are refused), and output written straight to file descriptor 1 or 2, which has no
+context at all.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def carry_execution_context(kernel: Any) -> None:
     submit = concurrent.futures.ThreadPoolExecutor.submit
 
     def start(self: threading.Thread) -> None:
-        if _execution_of(kernel, inherited=False) is not None:
+        if execution_of(kernel, inherited=False) is not None:
             context = contextvars.copy_context()
             run = self.run
             # Bound here, so a subclass's own run() is what runs in the context.
@@ -51,12 +52,12 @@ def carry_execution_context(kernel: Any) -> None:
 
 def announce_execution(kernel: Any) -> None:
     """Tell subprocesses started by the cell which cell it is (a pre_execute hook)."""
-    msg_id = _execution_of(kernel, inherited=True)
+    msg_id = execution_of(kernel, inherited=True)
     if msg_id is not None:
         os.environ[EXECUTION_ENV] = msg_id
 
 
-def _execution_of(kernel: Any, *, inherited: bool) -> str | None:
+def execution_of(kernel: Any, *, inherited: bool) -> str | None:
     """The msg_id of the execute request the calling context belongs to, if any.
 
     With ``inherited=False``, only if the context holds it itself: a thread without one (started by

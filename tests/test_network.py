@@ -329,13 +329,18 @@ async def test_allow_for_this_executor_is_remembered_and_approval_rules_match_de
     assert len(asked) == 1 and text.startswith("hello")
     asked, text = await _answer_each(asking, code, [])
     assert asked == [] and text.startswith("hello")
+    # Each execution's own rules get a fresh kernel: after code that ran under other rules (or "ask"),
+    # its connections would be refused whatever the rules say (SECURITY.md, "Attribution of requests").
+    await asking.reset()
     rules = ApprovalRules(allow_net=["web.test:*"], otherwise="reject")
     code = _FETCH.format(names=["web.test"], port=web.port)
     asked, text = await _answer_each(asking, code, [], approval=rules)
     assert asked == [] and text.startswith("hello")
+    await asking.reset()
     rules = ApprovalRules(deny_net=["web.test:*"])
     asked, text = await _answer_each(asking, code, [], approval=rules)
     assert asked == [] and "is denied by the approval rules" in text
+    await asking.reset()  # the next tests run under the executor's "ask" again
 
 
 async def test_a_tool_glob_never_approves_a_network_destination(asking: CodeExecutor, web: WebServer) -> None:
@@ -344,10 +349,14 @@ async def test_a_tool_glob_never_approves_a_network_destination(asking: CodeExec
     same globs. Tool globs now match tool calls only: the connection is asked about."""
     code = _FETCH.format(names=["a.search_x.evil.test"], port=web.port)
     for pattern in ("*.search_*", "*", "*.*"):
+        # A fresh kernel for each policy: after code under another one, the connection would be
+        # refused without asking (SECURITY.md, "Attribution of requests").
+        await asking.reset()
         rules = ApprovalRules(allow=[pattern])
         asked, text = await _answer_each(asking, code, ["reject"], approval=rules)
         assert [r.host for r in asked] == ["a.search_x.evil.test"], pattern
         assert text.startswith("403 ipybox: the application rejected the connection"), pattern
+    await asking.reset()  # the next tests run under the executor's "ask" again
     with pytest.raises(UsageError, match=r"names a network destination.*allow_net.*'\*\.evil\.test:\*'"):
         ApprovalRules(allow=["network:*.evil.test:*"])
 

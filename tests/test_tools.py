@@ -418,6 +418,8 @@ async def test_sources_generated_while_the_kernel_runs_are_importable_and_the_ma
 
 async def test_an_executions_own_approval_policy_overrides_the_executors(asking: CodeExecutor) -> None:
     code = "from mcptools.test import greet\nprint(greet.run({'name': 'own'}))"
+    # A fresh kernel: code that earlier tests left under "ask" would make "auto" refuse every call.
+    await asking.reset()
     # The executor asks; this execution is approved by its own policy, without an event.
     events = [event async for event in asking.execute(code, approval="auto")]
     assert not any(isinstance(event, ApprovalRequest) for event in events)

@@ -123,6 +123,10 @@ class RemoteKernel:
     def new_msg_id(self) -> str:
         return uuid.uuid4().hex
 
+    def cpu_seconds(self) -> None:
+        """None: the gateway's machine is out of the host's sight."""
+        return None
+
     async def execute(
         self, code: str, *, msg_id: str | None = None, silent: bool = False
     ) -> AsyncGenerator[KernelEvent]:

@@ -42,7 +42,15 @@ from ipybox.sandbox._cgroup import SandboxCgroup
 from ipybox.sandbox._sandbox import bwrap_argv, sandbox_filter_fd
 
 from ._messages import Inbox, KernelEvent, decode, execution_events, message_limit
-from ._process import StderrTail, close_fd, launcher_argv, limit_sandbox_init, sandboxed_kernel_pid, wait_for_exit
+from ._process import (
+    StderrTail,
+    close_fd,
+    launcher_argv,
+    limit_sandbox_init,
+    sandboxed_kernel_pid,
+    tree_cpu_seconds,
+    wait_for_exit,
+)
 from ._zmtp import Channel, FrameLimits, ProtocolViolation
 
 __all__ = ("SANDBOX_SOCKET_DIR", "Kernel")
@@ -279,6 +287,10 @@ class Kernel:
         not reach a kernel inside a PID namespace)."""
         if not self.exited.is_set():
             self._send("control", self._msg("interrupt_request", {}))
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds used by the kernel and everything it started (the whole sandbox)."""
+        return tree_cpu_seconds(self._process.pid)
 
     def new_msg_id(self) -> str:
         """A fresh id for a request to this kernel (see `execute`)."""

@@ -34,6 +34,11 @@ class KernelHandle(Protocol):
         """Ask the kernel to raise KeyboardInterrupt in the running code."""
         ...
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the kernel and everything it started have used, counted by the host; None
+        where the host cannot see them (a kernel on a gateway)."""
+        ...
+
     async def kill_and_wait(self) -> None:
         """Stop the kernel for good and wait until `exited` is set."""
         ...

@@ -27,6 +27,7 @@ __all__ = (
     "launcher_argv",
     "limit_sandbox_init",
     "sandboxed_kernel_pid",
+    "tree_cpu_seconds",
     "wait_for_exit",
 )
 
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 SIGPENDING = 1024
 # bwrap, bwrap's PID-namespace init, then the kernel: never deeper than this below our child.
 _SANDBOX_DEPTH = 4
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Bytes of the kernel's raw stderr kept for error messages.
 _STDERR_TAIL = 8192
 
@@ -159,6 +161,31 @@ def _children(pid: int) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue
     return found
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds used so far by ``root`` and every process below it (each thread's, and those of
+    the children they waited for), read from /proc.
+
+    Children are found through every thread's ``children`` file: a process started by a thread
+    other than the main one is listed only in that thread's. What a process reaped without being
+    waited for (its parent ignores SIGCHLD) used is lost when it goes.
+    """
+    ticks = 0
+    pids = [root]
+    while pids:
+        pid = pids.pop()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            # utime, stime, cutime, cstime: fields 14-17 of proc_pid_stat(5), counted from the state.
+            ticks += sum(int(value) for value in fields[11:15])
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        for task in tasks:
+            with contextlib.suppress(OSError, ValueError):
+                pids += [int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return ticks / _CLOCK_TICKS
 
 
 def close_fd(fd: int | None) -> None:

@@ -7,13 +7,12 @@ ends), its registered servers and the approval of the tool calls its code makes.
 
 from __future__ import annotations
 
-import functools
 import logging
 import secrets
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from collections.abc import AsyncGenerator, Generator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -26,10 +25,11 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, Field
 
-from ipybox._approval import ApprovalCallback, ApprovalDecision, ApprovalRequest
+from ipybox._approval import ApprovalDecision, ApprovalRequest
 from ipybox._approvaltext import request_text
 from ipybox._events import wait_any
 from ipybox._exceptions import IpyboxError
+from ipybox._execution import Execution
 from ipybox._executor import CodeExecutor
 from ipybox._mcp import HttpServer, StdioServer
 from ipybox._pool import KernelPool
@@ -90,6 +90,8 @@ class Session:
     _activity: anyio.Event = field(default_factory=anyio.Event)
     _wanted: anyio.Event = field(default_factory=anyio.Event)
     _changed: anyio.Event = field(default_factory=anyio.Event)
+    _asking: dict[str, tuple[Context, str]] = field(default_factory=dict[str, tuple[Context, str]])
+    """The client to ask about each running execution's calls, and its code, by execution id."""
 
     @property
     def tools_dir(self) -> Path:
@@ -150,7 +152,7 @@ class Session:
             limits=config.limits,
             timeouts=config.timeouts,
             tools_dir=self.tools_dir,
-            approval=self.approval_for(None, ""),
+            approval=self._approve,
             skills_dir=config.skills_dir,
             network=config.network,
             pool=pool,
@@ -228,11 +230,24 @@ class Session:
 
     # -- approval --------------------------------------------------------------------------
 
-    def approval_for(self, ctx: Context | None, code: str) -> ApprovalCallback:
-        """The approval policy of one request's execution: prompts go to that request's client."""
-        return functools.partial(self._approve, ctx, code)
+    @contextmanager
+    def asking(self, execution: Execution, ctx: Context) -> Generator[None]:
+        """Send the prompts of ``execution``'s calls to the client of ``ctx``, with its code.
 
-    async def _approve(self, ctx: Context | None, code: str, request: ApprovalRequest) -> ApprovalDecision:
+        The executor's policy is one callback for every execution, which finds the client by the
+        request's execution: the gate refuses the calls of an execution whose policy differs from an
+        earlier one's (code that one left behind could be making them), and a request never goes
+        to another request's client, even while a cancelled execution is still winding down.
+        """
+        self._asking[execution.id] = (ctx, execution.code)
+        try:
+            yield
+        finally:
+            del self._asking[execution.id]
+
+    async def _approve(self, request: ApprovalRequest) -> ApprovalDecision:
+        # The request's id is "<execution id>:<n>" (ApprovalRequest.id).
+        ctx, code = self._asking.get(request.id.rsplit(":", 1)[0], (None, ""))
         decision = self.config.rules.decide(request)
         if decision is not None:
             return decision

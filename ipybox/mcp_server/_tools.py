@@ -118,25 +118,24 @@ def add_execute_tool(server: MCPServer, config: ServerConfig) -> None:
         session = await session_of(ctx)
         async with session.use() as executor, session.lock:
             notice, session.notice = session.notice, ""
-            execution = executor.execute(
-                code, timeout=timeout or config.timeouts.execution, approval=session.approval_for(ctx, code)
-            )
-            try:
-                result = await execution
-            except anyio.get_cancelled_exc_class():
-                # The client cancelled the request (or left): stop the code rather than let it run on.
-                execution.cancel()
-                raise
-            except CodeExecutionError as exc:
-                output = _truncate(exc.output, limit)
-                separator = "\n" if output and not output.endswith("\n") else ""
-                return _error_result(f"{notice}{output}{separator}{exc}")
-            except ExecutionTimeout as exc:
-                output = _truncate(exc.output, limit)
-                shown = f"Output before the timeout:\n{output}\n" if output else "There was no output.\n"
-                return _error_result(f"{notice}TimeoutError: {exc}.\n{shown}")
-            except (ExecutionError, KernelError) as exc:
-                return _error_result(f"{notice}{type(exc).__name__}: {exc}")
+            execution = executor.execute(code, timeout=timeout or config.timeouts.execution)
+            with session.asking(execution, ctx):
+                try:
+                    result = await execution
+                except anyio.get_cancelled_exc_class():
+                    # The client cancelled the request (or left): stop the code rather than let it run on.
+                    execution.cancel()
+                    raise
+                except CodeExecutionError as exc:
+                    output = _truncate(exc.output, limit)
+                    separator = "\n" if output and not output.endswith("\n") else ""
+                    return _error_result(f"{notice}{output}{separator}{exc}")
+                except ExecutionTimeout as exc:
+                    output = _truncate(exc.output, limit)
+                    shown = f"Output before the timeout:\n{output}\n" if output else "There was no output.\n"
+                    return _error_result(f"{notice}TimeoutError: {exc}.\n{shown}")
+                except (ExecutionError, KernelError) as exc:
+                    return _error_result(f"{notice}{type(exc).__name__}: {exc}")
         content = _result_content(result, limit)
         if notice:
             content.insert(0, TextContent(text=notice))

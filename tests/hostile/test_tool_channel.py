@@ -321,6 +321,9 @@ async def test_an_approval_callback_that_raises_rejects_that_call_and_the_execut
     result = await auto_executor.execute(code, approval=broken)
     assert result.text.startswith("ToolCallRejected | "), result.text
     assert "the approval callback failed (OSError)" in result.text and "secret" not in result.text
+    # Back under the executor's "auto" after code ran under another policy, the kernel must be fresh
+    # (SECURITY.md, "Attribution of requests").
+    await auto_executor.reset()
     await still_works(auto_executor)
 
 

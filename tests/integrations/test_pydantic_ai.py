@@ -198,9 +198,15 @@ async def test_a_policy_of_its_own_lets_the_toolset_run_without_pydantic_ai_appr
         "delete_item.run({'item_id': 'i'})\n"
     )
     rules = ApprovalRules(allow=["test.lookup"], deny=["test.delete_item"])
+    # A fresh kernel before and after: code that ran under another policy in the same kernel would
+    # get its calls refused (SECURITY.md, "Attribution of requests").
+    await executor.reset()
     agent = Agent(scripted(code), toolsets=[IpyboxToolset(executor, approval=rules)])  # no handler, no deferral
-    with anyio.fail_after(60):
-        result = await agent.run("go")
+    try:
+        with anyio.fail_after(60):
+            result = await agent.run("go")
+    finally:
+        await executor.reset()
     (part,) = tool_returns(result)
     assert part.outcome == "failed"
     assert str(part.content).startswith("value of k\n") and "ToolCallRejected" in str(part.content)
@@ -318,6 +324,7 @@ async def test_a_summary_catalogue_offers_a_search_tool_whose_stubs_the_model_th
         made = sum(isinstance(m, ModelResponse) and bool(m.tool_calls) for m in messages)
         return ModelResponse(parts=[calls[made]] if made < len(calls) else [TextPart("done")])
 
+    await executor.reset()  # "auto" after code that ran under "ask" would be refused
     toolset = IpyboxToolset(executor, approval="auto", catalogue="summary")
     with anyio.fail_after(60):
         result = await Agent(FunctionModel(respond), toolsets=[toolset]).run("go")
