@@ -96,9 +96,9 @@ def outcomes(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Future[Any]]]:
     """Every selected scenario, started at once on a bounded pool; each test waits for its own."""
-    selected = sorted(
+    selected: list[str] = sorted(
         {
-            item.callspec.params["scenario"]
+            str(item.callspec.params["scenario"])
             for item in request.session.items
             if isinstance(item, pytest.Function) and item.module is sys.modules[__name__]
         }
