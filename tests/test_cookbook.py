@@ -78,7 +78,7 @@ def test_a_notebook_whose_code_no_longer_does_what_its_stored_output_shows_fails
 
     [problem] = problems
     assert "output changed" in problem
-    assert "weather.send_report(recipient='team@example.com'" in problem
+    assert 'weather.send_report(recipient="team@example.com"' in problem
     assert ": rejected\nnot sent: this notebook sends no e-mail" in problem.split("--- now")[0]
     assert ": accepted\n" in problem.split("--- now")[1]
 
