@@ -90,7 +90,7 @@ async def test_the_built_wheel_installs_with_pip_into_a_fresh_venv_serves_mcp_an
             env={"PATH": os.environ["PATH"], "TMPDIR": str(server_tmp)},
             cwd=project,
         )
-    prompt = f"weather.get_forecast(city='lisbon') via '{python} -m ipybox.examples.weather', allow? [y/N] "
+    prompt = f"weather.get_forecast(city=\"lisbon\") via '{python} -m ipybox.examples.weather', allow? [y/N] "
     assert example.stdout.decode() == prompt + "lisbon: 7.5 °C, sunny\n\n"
     assert (project / "mcptools" / "weather" / "get_forecast.py").is_file()
 
