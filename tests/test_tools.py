@@ -504,7 +504,7 @@ async def test_an_approval_request_left_unanswered_after_the_consumer_moved_on_i
     [request] = requests
     [record] = unanswered_warnings.records
     message = record.getMessage()
-    assert request.id in message and "test.greet(name='late')" in message
+    assert request.id in message and 'test.greet(name="late")' in message
     assert "request.accept()" in message and "approval policy" in message
     await request.accept()
     assert (await execution).text == "Hello, late!\n"
