@@ -566,7 +566,7 @@ async def test_http_sessions_are_isolated_and_a_closed_session_leaves_no_kernel_
                         code="from mcptools.test import add\nadd.run({'a': secret, 'b': 1}).result",
                     )
                     assert _text(added) == "8\n"
-                    assert any("'add'" in m for m in user.messages)
+                    assert any(m.startswith("MCP tool call test.add,") for m in user.messages)
 
                     seen = await _call(other, "execute_ipython_cell", code="secret")
                     assert seen.is_error and "NameError" in _text(seen)
@@ -786,14 +786,12 @@ def test_ipybox_mcp_help_reads_well() -> None:
 def test_the_plugin_and_the_registry_entry_start_ipybox_with_valid_options() -> None:
     from ipybox._cli import _build_parser
 
+    # The plugin runs this clone's ipybox through its start script (tests/test_plugin.py runs it with
+    # the real Claude Code CLI); what it passes after the script are `ipybox mcp` options.
     plugin = json.loads((REPO / "plugin" / ".mcp.json").read_text())["mcpServers"]["ipybox"]
-    assert plugin["command"] == "uvx" and plugin["args"][:4] == [
-        "--from",
-        f"ipybox>={ipybox.__version__}",
-        "ipybox",
-        "mcp",
-    ]
-    args = _build_parser().parse_args(plugin["args"][3:])
+    assert plugin["command"] == "sh" and plugin["args"][0] == "${CLAUDE_PLUGIN_ROOT}/run-server.sh"
+    assert (REPO / "plugin" / "run-server.sh").read_text().rstrip().endswith('ipybox mcp "$@"')
+    args = _build_parser().parse_args(["mcp", *plugin["args"][1:]])
     assert args.subcommand == "mcp" and args.transport == "stdio"
 
     entry = json.loads((REPO / "server.json").read_text())
@@ -856,7 +854,7 @@ async def test_with_a_skills_dir_the_server_saves_and_lists_skills_that_later_se
                 "    return x / 2\\n', 'decline me')\nexcept ipybox_kernel.ToolCallRejected:\n    print('declined')"
             )
             assert _text(await _call(client, "execute_ipython_cell", code=from_kernel)) == "declined\n"
-            assert "'save_skill'" in user.messages[-1] and "'ipybox'" in user.messages[-1]
+            assert user.messages[-1].startswith("MCP tool call ipybox.save_skill,")
         async with Client(params, elicitation_callback=user, mode="legacy") as client:
             again = await _call(client, "execute_ipython_cell", code="from skills.doubler import run\nprint(run(4))")
             assert _text(again) == "8\n"
