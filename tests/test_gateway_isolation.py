@@ -16,6 +16,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from deadline_support import patient
 from servers.gateway import Gateway, run_gateway
 
 from ipybox import CodeExecutor, ExecutionTimeout, GatewayKernel, KernelStartError, Timeouts
@@ -79,10 +80,10 @@ def sandboxed_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate
 async def test_on_a_stock_gateway_a_kernel_reads_anothers_variables_and_the_token_so_the_host_refuses_to_start(
     gateway: Gateway, tmp_path: Path
 ) -> None:
-    timeouts = Timeouts(start=START_TIMEOUT)
+    timeouts = Timeouts(start=patient(START_TIMEOUT))
     trusting = _kernel(gateway, allow_unisolated_kernel=True)
     before = set(gateway.kernel_ids())
-    with anyio.fail_after(START_TIMEOUT * 4):
+    with anyio.fail_after(timeouts.start * 4):
         async with CodeExecutor(workspace=tmp_path, tools_dir=None, kernel=trusting, timeouts=timeouts) as victim:
             await victim.execute("secret = 'victim-42'")
             [victim_id] = set(gateway.kernel_ids()) - before
@@ -109,8 +110,8 @@ async def test_with_the_sandboxed_kernelspec_the_attack_finds_nothing_and_kernel
     sandboxed_gateway: Gateway, tmp_path: Path
 ) -> None:
     kernel = _kernel(sandboxed_gateway, kernel_name=SANDBOXED)
-    timeouts = Timeouts(start=START_TIMEOUT)
-    with anyio.fail_after(START_TIMEOUT * 4):
+    timeouts = Timeouts(start=patient(START_TIMEOUT))
+    with anyio.fail_after(timeouts.start * 4):
         async with CodeExecutor(workspace=tmp_path, tools_dir=None, kernel=kernel, timeouts=timeouts) as victim:
             await victim.execute("secret = 'victim-42'")
             [victim_id] = sandboxed_gateway.kernel_ids()
