@@ -17,7 +17,6 @@ import errno
 import fcntl
 import json
 import os
-import secrets
 import stat
 from collections.abc import Generator
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from ._exceptions import UsageError
 from ._mcp import HttpServer, StdioServer, parse_server_params
+from ._privatefile import replace_private_file
 
 __all__ = (
     "MANIFEST_DIR",
@@ -207,18 +207,4 @@ def save_manifest_entry(root_dir: Path, server_name: str, params: StdioServer | 
     text = json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     with _manifest_dir(root_dir, create=True) as directory:
         assert directory is not None
-        tmp = f".servers-{secrets.token_hex(8)}.json"
-        # 0600 from the start, so the secrets in it are never readable by others.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o600, dir_fd=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as file:
-                file.write(text)
-                file.flush()
-                os.fsync(file.fileno())
-            # rename() replaces a symlink itself, never what it points to.
-            os.replace(tmp, MANIFEST_FILE, src_dir_fd=directory, dst_dir_fd=directory)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=directory)
-            raise
+        replace_private_file(directory, MANIFEST_FILE, text)

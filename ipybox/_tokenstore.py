@@ -13,13 +13,13 @@ import errno
 import hashlib
 import json
 import os
-import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ._exceptions import UsageError
+from ._privatefile import replace_private_file
 
 __all__ = ("FileTokenStore", "TokenStore", "default_token_dir")
 
@@ -123,20 +123,7 @@ class FileTokenStore:
         directory = self._open_dir(create=True)
         assert directory is not None
         try:
-            tmp = f".{secrets.token_hex(8)}.tmp"
-            # 0600 from the start: the tokens are never readable by others, not even for a moment.
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(tmp, flags, 0o600, dir_fd=directory)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as file:
-                    file.write(text)
-                    file.flush()
-                    os.fsync(file.fileno())
-                os.replace(tmp, _file_name(url), src_dir_fd=directory, dst_dir_fd=directory)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=directory)
-                raise
+            replace_private_file(directory, _file_name(url), text)
         finally:
             os.close(directory)
 
