@@ -14,6 +14,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ipybox_kernel._protocol import SKILLS_DIR_ENV, SOCKET_ENV, TOKEN_ENV, TOOLS_DIR_ENV
+
 from ._config import SandboxConfig
 from ._exceptions import KernelStartError, UsageError
 from ._kernel import bytecode_missing
@@ -71,12 +73,12 @@ def kernel_env(
     env["PYTHONPATH"] = os.pathsep.join(paths)
     if tools is not None:
         # Where ipybox_kernel.search_tools reads the generated packages (mounted read-only).
-        env["IPYBOX_TOOLS_DIR"] = str(tools)
+        env[TOOLS_DIR_ENV] = str(tools)
     if skills is not None:
         # Where ipybox_kernel.list_skills reads the saved skills (mounted read-only).
-        env["IPYBOX_SKILLS_DIR"] = str(skills)
-    env["IPYBOX_TOOL_SOCKET"] = str(home / "tools.sock")
-    env["IPYBOX_TOOL_TOKEN"] = token
+        env[SKILLS_DIR_ENV] = str(skills)
+    env[SOCKET_ENV] = str(home / "tools.sock")
+    env[TOKEN_ENV] = token
     if sandboxed:
         # ipykernel's parent poller would see the PID namespace's init as its parent and exit;
         # the sandbox's --die-with-parent does that job instead.

@@ -11,20 +11,19 @@ import base64
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, cast
 
 from ._errors import (
+    ERROR_TYPES,
     MCPServerCrashed,
     MCPServerStartError,
     ToolCallError,
     ToolCallRejected,
     ToolCallTimeout,
-    ToolExecutionError,
-    ToolNotFound,
     ToolOutput,
-    ToolServerUnavailable,
 )
-from ._transport import EXECUTION_ENV, Abort, call_executor, round_trip
+from ._protocol import EXECUTION_ENV, ErrorKind
+from ._transport import Abort, call_executor, round_trip
 
 __all__ = ("acall_tool", "call_tool")
 
@@ -101,21 +100,17 @@ def _parse_reply(server_name: str, tool_name: str, line: bytes) -> ToolOutput:
         )
     kind = fields.get("error")
     message = str(fields.get("message") or f"the call to tool {tool_name!r} of MCP server {server_name!r} failed")
-    if kind == "rejected":
+    # A kind this kernel does not know (a newer host's) is a plain failure.
+    error = ERROR_TYPES.get(cast("ErrorKind", kind), ToolCallError) if isinstance(kind, str) else ToolCallError
+    if error is ToolCallRejected:
         raise ToolCallRejected(server_name, tool_name, message, reason=fields.get("reason"))
-    if kind in ("unknown_server", "unknown_tool"):
-        raise ToolNotFound(server_name, tool_name, message)
-    if kind == "tool_error":
-        raise ToolExecutionError(server_name, tool_name, message)
-    if kind == "timeout":
+    if error is ToolCallTimeout:
         raise ToolCallTimeout(server_name, tool_name, message, timeout=fields.get("timeout"))
-    if kind == "server_start":
+    if error is MCPServerStartError:
         raise MCPServerStartError(server_name, tool_name, message, output=fields.get("output"))
-    if kind == "server_crashed":
+    if error is MCPServerCrashed:
         raise MCPServerCrashed(server_name, tool_name, message, output=fields.get("output"))
-    if kind == "unauthorized":
-        raise ToolServerUnavailable(server_name, tool_name, message)
-    raise ToolCallError(server_name, tool_name, message)
+    raise error(server_name, tool_name, message)
 
 
 def _execution_id() -> str | None:

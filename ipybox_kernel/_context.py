@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, cast
 
-from ._transport import EXECUTION_ENV
+from ._protocol import EXECUTION_ENV
 
 
 def carry_execution_context(kernel: Any) -> None:

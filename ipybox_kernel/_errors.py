@@ -1,7 +1,8 @@
 """What a tool call from kernel code returns, and the exceptions it raises when it returns nothing.
 
-Standard library only, like the rest of ``ipybox_kernel``. The error kinds mirror the host's
-``ipybox._toolserver._channel.ErrorKind``; ``ipybox_kernel._client`` turns each reply into one of these.
+Standard library only, like the rest of ``ipybox_kernel``. `ERROR_TYPES` says which exception each
+error kind of the contract (``ipybox_kernel._protocol.ErrorKind``) raises; ``ipybox_kernel._client``
+turns each reply into a `ToolOutput` or one of these.
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._protocol import ErrorKind
+
 __all__ = (
+    "ERROR_TYPES",
     "MCPServerCrashed",
     "MCPServerStartError",
     "ToolCallError",
@@ -122,3 +126,22 @@ class ToolOutput:
     structured: dict[str, Any] | None
     text: str
     content: list[dict[str, Any]]
+
+
+# The exception each error kind of a reply raises (tests/test_protocol.py pins that every kind is
+# here); a kind missing from it (a newer host's) raises a plain ToolCallError.
+ERROR_TYPES: dict[ErrorKind, type[ToolCallError]] = {
+    "bad_request": ToolCallError,
+    "too_large": ToolCallError,
+    "unauthorized": ToolServerUnavailable,
+    "unknown_server": ToolNotFound,
+    "unknown_tool": ToolNotFound,
+    "invalid_arguments": ToolCallError,
+    "rejected": ToolCallRejected,
+    "approval_failed": ToolCallError,
+    "server_start": MCPServerStartError,
+    "server_crashed": MCPServerCrashed,
+    "timeout": ToolCallTimeout,
+    "tool_error": ToolExecutionError,
+    "internal": ToolCallError,
+}

@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
+from ._protocol import TOOLS_DIR_ENV
+
 __all__ = ("install_missing_tools_hint",)
 
 _DEFAULT_PACKAGE = "mcptools"
-_TOOLS_DIR_ENV = "IPYBOX_TOOLS_DIR"  # set by the host when it mounts a tools directory
 
 
 class _MissingTools:
@@ -26,7 +27,7 @@ class _MissingTools:
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
         top, _, rest = fullname.partition(".")
-        tools_dir = os.environ.get(_TOOLS_DIR_ENV)
+        tools_dir = os.environ.get(TOOLS_DIR_ENV)
         package = os.path.basename(tools_dir.rstrip("/")) if tools_dir else None
         mounted = tools_dir is not None and os.path.isdir(tools_dir)
         if tools_dir is not None and package is not None and top in (package, _DEFAULT_PACKAGE) and not mounted:

@@ -37,10 +37,10 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-__all__ = ("MARK_TYPE", "OutputMarks")
+from ._protocol import MARK_TYPE
 
-# The message type of a mark on IOPub; the host reads it (ipybox._kernel._messages; keep in step).
-MARK_TYPE = "ipybox_mark"
+__all__ = ("OutputMarks",)
+
 # The messages that make up a cell's output, whose order against an approval request matters.
 _OUTPUT_TYPES = frozenset({"stream", "display_data", "update_display_data", "execute_result", "clear_output", "error"})
 

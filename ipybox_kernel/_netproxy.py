@@ -21,10 +21,10 @@ import selectors
 import socket
 import threading
 
-__all__ = ("NET_SOCKET_ENV", "start_forwarder")
+from ._protocol import NET_SOCKET_ENV, TOKEN_ENV
 
-NET_SOCKET_ENV = "IPYBOX_NET_SOCKET"
-_TOKEN_ENV = "IPYBOX_TOOL_TOKEN"
+__all__ = ("start_forwarder",)
+
 _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 _LOCAL = "localhost,127.0.0.1,::1"
 _BUFFER = 256 * 1024
@@ -154,7 +154,7 @@ def start_forwarder() -> int | None:
     """Start the forwarder if the host runs a proxy for this kernel, and point the proxy variables
     at it; its port, or None when the kernel has no network."""
     path = os.environ.get(NET_SOCKET_ENV)
-    token = os.environ.get(_TOKEN_ENV)
+    token = os.environ.get(TOKEN_ENV)
     if not path or not token:
         return None
     forwarder = _Forwarder(path, token)

@@ -16,7 +16,8 @@ cancelled call (KeyboardInterrupt, a cancelled ``acall_tool``) sends ``{"id", "c
 which cancels its approval or MCP call on the host.
 
 The host's cell that runs `install` sets ``IPYBOX_TOOL_TRANSPORT=kernel``, which
-makes `ipybox_kernel.call_tool` take this path.
+makes `ipybox_kernel.call_tool` take this path. The comm id and the reply's message type are
+``ipybox_kernel._protocol``'s, which the host imports too.
 """
 
 from __future__ import annotations
@@ -26,12 +27,10 @@ import threading
 import uuid
 from typing import Any
 
-from ._transport import TRANSPORT_ENV
+from ._protocol import COMM_ID, REPLY_TYPE, TRANSPORT_ENV, TRANSPORT_KERNEL
 
-__all__ = ("COMM_ID", "REPLY_TYPE", "install", "round_trip")
+__all__ = ("install", "round_trip")
 
-COMM_ID = "ipybox-tools"
-REPLY_TYPE = "ipybox_tool_reply"
 # Seconds without the host's acknowledgement before a request is sent again: long enough that a
 # busy gateway is not flooded, short enough that a dropped request costs little.
 _RESEND_AFTER = 1.0
@@ -82,7 +81,7 @@ def install(output: int | None, message_bytes: int | None) -> None:
     kernel._execute_sleep = 0
     prepare(shell, kernel, kernel.session, output, message_bytes, drain=None)
     _kernel, _message_bytes = kernel, message_bytes
-    os.environ[TRANSPORT_ENV] = "kernel"
+    os.environ[TRANSPORT_ENV] = TRANSPORT_KERNEL
 
 
 def round_trip(server_name: str, tool_name: str, line: bytes, abort: Any) -> bytes | None:

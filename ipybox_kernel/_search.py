@@ -31,13 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._catalog import server_packages
+from ._protocol import TOOLS_DIR_ENV
 from ._records import read_package
 from ._terms import SERVER_TERMS, terms
 
-__all__ = ("TOOLS_DIR_ENV", "ToolIndex", "ToolMatch", "search_tools", "tool_index")
-
-# Set by the host on the kernel: the tools directory as mounted in the kernel.
-TOOLS_DIR_ENV = "IPYBOX_TOOLS_DIR"
+__all__ = ("ToolIndex", "ToolMatch", "search_tools", "tool_index")
 
 # Field weights and length normalization (b): a word in the name says most about what a tool does;
 # parameters say what it needs, which queries mention less often. Names are short by nature, so

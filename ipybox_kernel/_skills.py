@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._client import call_tool
+from ._protocol import SKILLS_DIR_ENV
 
 __all__ = (
     "MAX_DESCRIPTION_CHARS",
@@ -161,7 +162,7 @@ def _read_bounded(path: Path) -> str:
 def list_skills() -> list[SkillInfo]:
     """The skills saved in this kernel's skills directory (read from its read-only mount, no call to
     the host); empty when the executor has no skills directory."""
-    root = os.environ.get("IPYBOX_SKILLS_DIR")
+    root = os.environ.get(SKILLS_DIR_ENV)
     return scan_skills(Path(root), _read_bounded) if root else []
 
 

@@ -4,8 +4,9 @@ Standard library only: the kernel must not pay for (or be able to misuse) an MCP
 sets ``IPYBOX_TOOL_SOCKET`` and ``IPYBOX_TOOL_TOKEN`` on the kernel; each call sends one line of JSON
 (server name, tool name, arguments, the running cell's id, a sequence number and, when the kernel
 marked its output for it, the mark) and reads one line back. The wire format is described in
-``ipybox/_toolserver/_channel.py``; keep the two in step. A kernel on a remote gateway carries the same lines
-over the kernel protocol instead (``ipybox_kernel._remote``).
+``ipybox/_toolserver/_channel.py``, the names and limits both sides share in
+``ipybox_kernel._protocol``. A kernel on a remote gateway carries the same lines over the kernel
+protocol instead (``ipybox_kernel._remote``).
 """
 
 from __future__ import annotations
@@ -20,30 +21,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import ToolCallError, ToolServerUnavailable
+from ._protocol import MAX_LINE_BYTES, SOCKET_ENV, TOKEN_ENV, TRANSPORT_ENV, TRANSPORT_KERNEL
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
 __all__ = (
-    "EXECUTION_ENV",
-    "SOCKET_ENV",
-    "TOKEN_ENV",
-    "TRANSPORT_ENV",
     "Abort",
     "call_executor",
     "round_trip",
     "set_output_mark",
 )
 
-SOCKET_ENV = "IPYBOX_TOOL_SOCKET"
-TOKEN_ENV = "IPYBOX_TOOL_TOKEN"
-# The running cell's id, for a subprocess (it has no IPython to ask); set by ipybox_kernel._context.
-EXECUTION_ENV = "IPYBOX_EXECUTION"
-# Set to "kernel" in a kernel on a remote gateway: calls travel over the kernel protocol instead.
-TRANSPORT_ENV = "IPYBOX_TOOL_TRANSPORT"
-
-# The host refuses longer request lines (ipybox._toolserver._channel.MAX_LINE_BYTES); fail before sending.
-MAX_REQUEST_BYTES = 16 * 1024 * 1024
+# The host refuses longer request lines; fail before sending.
+MAX_REQUEST_BYTES = MAX_LINE_BYTES
 # Idle connections kept for reuse; more would only hold host connection slots without a call.
 _IDLE_CONNECTIONS = 8
 # Threads that carry acall_tool calls; bounds how many awaited calls are in flight at once.
@@ -185,7 +176,7 @@ def round_trip(
     """
     path = os.environ.get(SOCKET_ENV)
     token = os.environ.get(TOKEN_ENV)
-    remote = os.environ.get(TRANSPORT_ENV) == "kernel"
+    remote = os.environ.get(TRANSPORT_ENV) == TRANSPORT_KERNEL
     if not (path or remote) or not token:
         raise ToolServerUnavailable(
             server_name,

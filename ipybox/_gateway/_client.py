@@ -56,14 +56,12 @@ from ipybox._kernel._messages import (
 )
 from ipybox._toolserver._channel import MAX_JSON_VALUES
 from ipybox._toolserver._request import shape_problem
+from ipybox_kernel._protocol import COMM_ID, REPLY_TYPE
 
 __all__ = ("RemoteKernel",)
 
 logger = logging.getLogger(__name__)
 
-# The comm and control message of the tool transport (ipybox_kernel._remote; keep in step).
-_TOOL_COMM = "ipybox-tools"
-_TOOL_REPLY = "ipybox_tool_reply"
 # Room beyond `message_limit` for what the websocket's JSON adds to a Jupyter message (the channel
 # name, a buffers list) and for a tool request, whose line the kernel bounds by the same limit.
 _ENVELOPE_BYTES = 64 * 1024
@@ -260,7 +258,7 @@ class RemoteKernel:
         return text
 
     def _answer_tool(self, answer: dict[str, Any]) -> None:
-        text = self._send("control", _TOOL_REPLY, answer)
+        text = self._send("control", REPLY_TYPE, answer)
         if text is not None and "line" in answer:
             self._recovery.keep_answer(text)
 
@@ -283,7 +281,7 @@ class RemoteKernel:
         if fields.get("channel") == "iopub":
             if kind == "comm_msg":
                 data = content.get("data")
-                if content.get("comm_id") == _TOOL_COMM and isinstance(data, dict) and self._bridge is not None:
+                if content.get("comm_id") == COMM_ID and isinstance(data, dict) and self._bridge is not None:
                     self._bridge.receive(cast("dict[str, Any]", data))
                 return
             state = content.get("execution_state") if kind == "status" else None

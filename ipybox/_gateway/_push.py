@@ -25,6 +25,7 @@ from pathlib import Path
 
 import ipybox_kernel
 from ipybox._manifest import MANIFEST_DIR
+from ipybox_kernel._protocol import TOKEN_ENV, TOOLS_DIR_ENV
 
 __all__ = ("setup_cells",)
 
@@ -55,8 +56,8 @@ if {pushed!r}:
             f.write(text)
     sys.path.insert(0, root)
     if {tools!r}:
-        os.environ["IPYBOX_TOOLS_DIR"] = os.path.join(root, {tools!r})
-os.environ["IPYBOX_TOOL_TOKEN"] = {token!r}
+        os.environ[{tools_env!r}] = os.path.join(root, {tools!r})
+os.environ[{token_env!r}] = {token!r}
 import ipybox_kernel._remote
 {check}ipybox_kernel._remote.install({output!r}, {message_bytes!r})
 """
@@ -116,7 +117,9 @@ def setup_cells(*, tools_dir: Path | None, token: str, output_chars: int, messag
         root=root,
         pushed=bool(files),
         tools=tools,
+        tools_env=TOOLS_DIR_ENV,
         token=token,
+        token_env=TOKEN_ENV,
         output=output_chars,
         message_bytes=message_bytes,
         check=check,

@@ -17,6 +17,8 @@ from typing import Any, Literal, cast
 
 import anyio
 
+from ipybox_kernel._protocol import MARK_TYPE
+
 __all__ = (
     "OUTPUT_TYPES",
     "READ_TYPES",
@@ -48,8 +50,6 @@ _MESSAGE_OVERHEAD = 256 * 1024
 _MAX_HEADER_BYTES = 64 * 1024
 # Output messages: counted against the execution's byte budget, and dropped beyond it.
 OUTPUT_TYPES = frozenset({"stream", "display_data", "execute_result"})
-# The kernel's output mark before a tool call (ipybox_kernel._marks; keep in step).
-MARK_TYPE = "ipybox_mark"
 # A mark's content is ``{"mark": <int>}``; one larger was not made by ipybox_kernel and is not parsed.
 _MAX_MARK_BYTES = 64
 # Everything the host reads; other messages (execute_input, comms, ...) are dropped unparsed.

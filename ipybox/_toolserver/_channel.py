@@ -18,7 +18,8 @@ A reply is either a result or an error of one of the `ErrorKind` kinds::
     {"seq": 7, "ok": true, "structured": {...} | null, "text": "...", "content": [...]}
     {"seq": 7, "ok": false, "error": "rejected", "message": "...", "reason": "..."}
 
-The kernel side mirrors these names in ``ipybox_kernel/_client.py``; keep the two in step.
+The names, limits and error kinds both sides share are written once, in ``ipybox_kernel._protocol``
+(standard library only), which the kernel uses and this module imports.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ipybox_kernel._protocol import MAX_JSON_DEPTH, MAX_JSON_VALUES, MAX_LINE_BYTES, MAX_REPLY_BYTES, ErrorKind
 
 __all__ = (
     "MAX_JSON_DEPTH",
@@ -38,37 +41,6 @@ __all__ = (
     "ToolResultReply",
     "encode_reply",
 )
-
-# Large enough for big arguments and inline images, small enough that a flood of such lines stays bounded.
-MAX_LINE_BYTES = 16 * 1024 * 1024
-# Far deeper than any tool's arguments; shallow enough that the host's recursive walks over a request
-# (json, pydantic, the approval's read-only copy) stay far from Python's recursion limit.
-MAX_JSON_DEPTH = 64
-# Arrays, objects and list items a request may hold: each becomes a Python object of 30-60 bytes on
-# the host, so this bounds what parsing one request can take (~64 MB) whatever its line length.
-MAX_JSON_VALUES = 1_000_000
-# Room for results of several MB (their text is sent twice: as text and as a content item), small
-# enough that a server's runaway result fails as that call's error instead of filling the kernel.
-MAX_REPLY_BYTES = 64 * 1024 * 1024
-
-ErrorKind = Literal[
-    # Not JSON, deeper than MAX_JSON_DEPTH, MAX_JSON_VALUES or more values, or not a valid request.
-    "bad_request",
-    # A request line over MAX_LINE_BYTES, or past the host's budget for unanswered requests (the
-    # connection is then closed); or a reply over MAX_REPLY_BYTES (the connection keeps serving).
-    "too_large",
-    "unauthorized",  # missing or wrong token; the connection is closed
-    "unknown_server",  # no server of that name is registered
-    "unknown_tool",  # the server has no tool of that name
-    "invalid_arguments",  # the tool's input schema forbids a key of the arguments; nobody was asked
-    "rejected",  # the application did not approve the call
-    "approval_failed",  # approving the call failed on the host; the call was not made
-    "server_start",  # the MCP server could not be started or connected to
-    "server_crashed",  # the connection to the MCP server ended during the call
-    "timeout",  # the MCP call took longer than the ToolServer's call timeout
-    "tool_error",  # the tool ran and reported an error, or the server refused the call
-    "internal",  # a bug on the host; the message says where
-]
 
 
 class ToolRequest(BaseModel):

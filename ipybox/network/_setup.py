@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ipybox._config import SandboxConfig
 from ipybox._exceptions import UsageError
+from ipybox_kernel._protocol import NET_SOCKET_ENV
 
 from ._policy import Network
 
@@ -36,7 +37,7 @@ def check_network(network: object, sandbox: SandboxConfig | None) -> Network | N
 
 def network_env(home: Path) -> dict[str, str]:
     """Tells the kernel's launcher to start its forwarder to the proxy socket."""
-    return {"IPYBOX_NET_SOCKET": str(home / NET_SOCKET)}
+    return {NET_SOCKET_ENV: str(home / NET_SOCKET)}
 
 
 def with_network_mount(sandbox: SandboxConfig | None, home: Path) -> SandboxConfig | None:

@@ -25,7 +25,8 @@ LEAVE_THREADS = """
 import _thread, os, threading
 from ipybox_kernel import ToolCallRejected, call_tool
 from ipybox_kernel._client import _parse_reply
-from ipybox_kernel._transport import EXECUTION_ENV, round_trip
+from ipybox_kernel._protocol import EXECUTION_ENV
+from ipybox_kernel._transport import round_trip
 release, outcomes, finished = threading.Event(), {}, threading.Semaphore(0)
 def attempt(name, call):
     release.wait()
