@@ -25,6 +25,7 @@ import anyio.abc
 
 from ipybox._toolserver._channel import MAX_REPLY_BYTES, ToolErrorReply, encode_reply
 from ipybox._toolserver._server import MAX_CONNECTIONS
+from ipybox._unixsocket import connect_socket
 
 __all__ = ("MAX_ANSWER_BYTES", "ToolBridge")
 
@@ -131,7 +132,7 @@ class ToolBridge:
         sock.setblocking(False)
         try:
             try:
-                await _connect(sock, str(self._socket_path))
+                await connect_socket(sock, str(self._socket_path))
                 view = memoryview(line)
                 while view:
                     try:
@@ -159,17 +160,3 @@ class ToolBridge:
                 return encode_reply(error)
         finally:
             sock.close()
-
-
-async def _connect(sock: socket.socket, path: str) -> None:
-    while True:
-        try:
-            sock.connect(path)
-            return
-        except BlockingIOError:
-            # The listener's backlog is full: its connection slots are taken; wait for one.
-            await anyio.wait_writable(sock)
-            err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            if err == 0:
-                return
-            raise OSError(err, "connect() to the tool socket failed") from None

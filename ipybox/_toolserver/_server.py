@@ -28,9 +28,7 @@ of `run()`, and the memory all connections together can hold is bounded (`MAX_BU
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -44,7 +42,7 @@ from ipybox._approval import ApprovalDecision
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer
 from ipybox._oauth import OAuth
-from ipybox._unixsocket import accept_one, bind_socket, remove_socket
+from ipybox._unixsocket import ServedSocket
 
 from ._channel import (
     MAX_LINE_BYTES,
@@ -76,8 +74,6 @@ logger = logging.getLogger(__name__)
 # Each connection carries one call at a time, so this bounds the calls in flight and the host's
 # descriptors a kernel can hold.
 MAX_CONNECTIONS = 32
-# accept() can fail when the process runs out of descriptors; wait for one of ours to close, or this long.
-ACCEPT_RETRY_DELAY = 0.5
 _TOO_LARGE = f"a tool-call request is limited to {MAX_LINE_BYTES} bytes; pass large data as a file"
 _OVER_BUDGET = (
     f"the tool server holds at most {MAX_BUFFERED_BYTES} bytes of unanswered tool-call requests from this "
@@ -163,24 +159,24 @@ class ToolServer:
             raise UsageError(f"connect_timeout must be positive, got {connect_timeout!r}")
         if max_connections < 1:
             raise UsageError(f"max_connections must be at least 1, got {max_connections!r}")
-        self._socket_path = Path(socket_path)
         self._token = token.encode()
         self._gate = gate
         self._sessions = Sessions(call_timeout=call_timeout, connect_timeout=connect_timeout, oauth=oauth or OAuth())
-        self._max_connections = max_connections
         self._builtins: dict[tuple[str, str], _Builtin] = {}
         self._budget = Budget(MAX_BUFFERED_BYTES)
         self._max_reply_bytes = MAX_REPLY_BYTES
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._connection_closed = anyio.Event()
-        # The cancel scope of each listener serving now (more than one after a rebind).
-        self._listeners: list[anyio.CancelScope] = []
-        self._given_listener = listener
+        self._socket = ServedSocket(
+            Path(socket_path),
+            self._serve_socket,
+            max_connections=max_connections,
+            listener=listener,
+            what="tool-call",
+        )
 
     @property
     def socket_path(self) -> Path:
         """Where the unix socket is (or will be) bound."""
-        return self._socket_path
+        return self._socket.path
 
     @property
     def servers(self) -> Mapping[str, StdioServer | HttpServer]:
@@ -241,16 +237,16 @@ class ToolServer:
         """
         if self._sessions.task_group is not None:
             raise UsageError("this ToolServer is already running; call run() once")
-        listener, self._given_listener = self._given_listener or bind_socket(self._socket_path), None
+        self._socket.bind()
         try:
             async with anyio.create_task_group() as tg:
                 self._sessions.task_group = tg
-                self._listen(listener, tg)
+                self._socket.start(tg)
                 task_status.started()
         finally:
             self._sessions.task_group = None
             self._sessions.forget_sessions()
-            self._listeners.clear()
+            self._socket.stop()
 
     def rebind(self) -> None:
         """Bind the socket file again if it is gone (deleted by a ``/tmp`` cleaner, say).
@@ -262,10 +258,8 @@ class ToolServer:
             UsageError: The server is not running, or the socket path is unusable.
             OSError: The socket could not be bound.
         """
-        tg = self._running_group("rebind()")
-        if os.path.lexists(self._socket_path):
-            return
-        self._listen(bind_socket(self._socket_path), tg)
+        self._check_running("rebind()")
+        self._socket.rebind()
 
     def move(self, socket_path: Path, token: str, *, listener: socket.socket | None = None) -> None:
         """Serve at ``socket_path`` with ``token`` from now on, for a kernel started with them, and
@@ -279,58 +273,21 @@ class ToolServer:
             UsageError: The server is not running, or the socket path is unusable.
             OSError: The socket could not be bound.
         """
-        tg = self._running_group("move()")
+        self._check_running("move()")
         _check_token_strength(token)
-        listener = listener or bind_socket(socket_path)
-        old, self._listeners = self._listeners, []
-        self._socket_path, self._token = Path(socket_path), token.encode()
-        self._listen(listener, tg)
-        for scope in old:
-            scope.cancel()
+        self._socket.move(Path(socket_path), listener=listener)
+        self._token = token.encode()
 
-    def _running_group(self, what: str) -> anyio.abc.TaskGroup:
-        tg = self._sessions.task_group
-        if tg is None:
+    def _check_running(self, what: str) -> None:
+        if self._sessions.task_group is None:
             raise UsageError(f"{what} needs a running ToolServer ('await task_group.start(server.run)')")
-        return tg
-
-    def _listen(self, listener: socket.socket, tg: anyio.abc.TaskGroup) -> None:
-        """Accept connections on ``listener`` until `move` or the end of `run`; then close it and
-        remove its socket file."""
-        path, inode = self._socket_path, os.stat(self._socket_path).st_ino
-        scope = anyio.CancelScope()
-        self._listeners.append(scope)
-
-        async def serve() -> None:
-            try:
-                with scope:
-                    await self._accept(listener, tg)
-            finally:
-                listener.close()
-                remove_socket(path, inode)
-
-        tg.start_soon(serve)
 
     # -- connections -------------------------------------------------------------------------------
 
-    async def _accept(self, listener: socket.socket, tg: anyio.abc.TaskGroup) -> None:
-        slots = anyio.Semaphore(self._max_connections)
-        while True:
-            await slots.acquire()
-            try:
-                sock = await accept_one(listener)
-            except OSError as exc:
-                slots.release()
-                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    logger.debug("accept() on %s failed: %s", self._socket_path, exc)
-                    continue
-                logger.warning("cannot accept a tool-call connection: %s", exc)
-                with anyio.move_on_after(ACCEPT_RETRY_DELAY):
-                    await self._connection_closed.wait()
-                continue
-            tg.start_soon(self._serve_connection, LineConnection(sock, self._budget), slots)
+    async def _serve_socket(self, sock: socket.socket) -> None:
+        await self._serve_connection(LineConnection(sock, self._budget))
 
-    async def _serve_connection(self, connection: LineConnection, slots: anyio.Semaphore) -> None:
+    async def _serve_connection(self, connection: LineConnection) -> None:
         """Read requests from one connection and answer them in order, one at a time.
 
         The answer runs in this task, right after its request is read: a hand-over to another task
@@ -349,9 +306,6 @@ class ToolServer:
             logger.exception("serving a tool-call connection failed; it was closed")
         finally:
             connection.close()
-            slots.release()
-            self._connection_closed.set()
-            self._connection_closed = anyio.Event()
 
     async def _serve_request(self, connection: LineConnection, watch: HangupWatch) -> bool:
         """Read one request and answer it; False when the connection is done."""

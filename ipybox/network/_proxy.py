@@ -26,7 +26,6 @@ from __future__ import annotations
 import hmac
 import logging
 import math
-import os
 import socket
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
@@ -39,7 +38,7 @@ import anyio.abc
 
 from ipybox._approval import ApprovalDecision
 from ipybox._exceptions import UsageError
-from ipybox._unixsocket import accept_one, bind_socket, remove_socket
+from ipybox._unixsocket import ServedSocket
 
 from ._http import Refused, Target, error_reply, read_head
 from ._policy import IPAddress, Network, NetworkEvent, parse_ip
@@ -106,7 +105,6 @@ class NetworkProxy:
         listener: socket.socket | None = None,
     ) -> None:
         self.network = network
-        self._socket_path = socket_path
         self._token = token.encode()
         self._running = running
         self._ask = ask
@@ -114,35 +112,26 @@ class NetworkProxy:
         self._quota = LogQuota(logger)
         self._remembered: set[tuple[str, int]] = set()
         self._open = 0
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._given_listener = listener
-        # The cancel scope of each listener serving now (more than one after a rebind).
-        self._listeners: list[anyio.CancelScope] = []
+        self._socket = ServedSocket(socket_path, self._serve_socket, listener=listener, what="network")
 
     @property
     def socket_path(self) -> Path:
-        return self._socket_path
+        return self._socket.path
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen and serve until cancelled; ready once the socket accepts connections."""
-        listener, self._given_listener = self._given_listener or bind_socket(self._socket_path), None
+        self._socket.bind()
         try:
             async with anyio.create_task_group() as tg:
-                self._tg = tg
-                self._listen(listener, os.stat(self._socket_path).st_ino)
+                self._socket.start(tg)
                 task_status.started()
         finally:
             self._quota.flush()
-            self._tg = None
-            self._listeners.clear()
-            listener.close()  # if it never got to serve; closing twice is harmless
+            self._socket.stop()
 
     def rebind(self) -> None:
         """Bind the socket file again if it is gone (see `ToolServer.rebind`)."""
-        if self._tg is None or self._socket_path.exists():
-            return
-        listener = bind_socket(self._socket_path)
-        self._listen(listener, os.stat(self._socket_path).st_ino)
+        self._socket.rebind()
 
     # -- following the kernel (a pooled kernel comes with its own socket and token) ------------
 
@@ -157,37 +146,10 @@ class NetworkProxy:
             UsageError: The proxy is not running, or the socket path is unusable.
             OSError: The socket could not be bound, or its file is gone.
         """
-        if self._tg is None:
+        if not self._socket.serving:
             raise UsageError("move() needs a running NetworkProxy ('await task_group.start(proxy.run)')")
-        listener = listener or bind_socket(socket_path)
-        try:
-            inode = os.stat(socket_path).st_ino
-        except OSError:
-            listener.close()
-            raise
-        old, self._listeners = self._listeners, []
-        self._socket_path, self._token = socket_path, token.encode()
-        self._listen(listener, inode)
-        for scope in old:
-            scope.cancel()
-
-    def _listen(self, listener: socket.socket, inode: int) -> None:
-        """Accept connections on ``listener`` until `move` or the end of `run`; then close it and
-        remove its socket file (``inode``, unless someone bound another there since)."""
-        assert self._tg is not None
-        path = self._socket_path
-        scope = anyio.CancelScope()
-        self._listeners.append(scope)
-
-        async def serve() -> None:
-            try:
-                with scope:
-                    await self._accept(listener)
-            finally:
-                listener.close()
-                remove_socket(path, inode)
-
-        self._tg.start_soon(serve)
+        self._socket.move(socket_path, listener=listener)
+        self._token = token.encode()
 
     def end_execution(self, execution_id: str) -> None:
         """Close the execution's connections and forget its byte count."""
@@ -197,18 +159,19 @@ class NetworkProxy:
                 scope.cancel()
         self._quota.flush()
 
-    async def _accept(self, listener: socket.socket) -> None:
-        assert self._tg is not None
-        while True:
-            sock = await accept_one(listener)
-            if self._open >= self.network.max_connections + _PENDING_EXTRA:
-                # Past the limit even the 503 reply waits its turn: a flood of connections that send
-                # nothing would otherwise hold a task each until its connect timeout.
-                sock.close()
-                continue
+    async def _serve_socket(self, sock: socket.socket) -> None:
+        if self._open >= self.network.max_connections + _PENDING_EXTRA:
+            # Past the limit even the 503 reply waits its turn: a flood of connections that send
+            # nothing would otherwise hold a task each until its connect timeout.
+            sock.close()
+            return
+        self._open += 1
+        try:
             stream = await anyio.abc.UNIXSocketStream.from_socket(sock)
-            self._open += 1
-            self._tg.start_soon(self._serve, stream)
+        except BaseException:
+            self._open -= 1
+            raise
+        await self._serve(stream)
 
     # -- one connection ------------------------------------------------------------------------
 
