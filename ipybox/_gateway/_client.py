@@ -44,16 +44,17 @@ from ipybox._gateway._bridge import ToolBridge
 from ipybox._gateway._config import GatewayKernel
 from ipybox._gateway._isolation import check_expression, refusal
 from ipybox._gateway._link import Link
-from ipybox._gateway._recovery import Recovery, Request
+from ipybox._gateway._recovery import Recovery
 from ipybox._kernel._messages import (
     OUTPUT_TYPES,
     READ_TYPES,
     Error,
+    Inbox,
     KernelEvent,
     Reply,
-    execution_events,
     message_limit,
 )
+from ipybox._kernel._requests import ChannelName, Requests
 from ipybox._toolserver._channel import MAX_JSON_VALUES
 from ipybox._toolserver._request import shape_problem
 from ipybox_kernel._protocol import COMM_ID, REPLY_TYPE
@@ -76,8 +77,6 @@ _READY_RETRY = 1.0
 _DELETE_TIMEOUT = 10.0
 # The first wait before asking again to delete a kernel the gateway could not delete yet (doubling).
 _DELETE_RETRY = 0.1
-# Messages before its reply that one `evaluate` request accepts (ipykernel sends one: busy).
-_MAX_SIDE_MESSAGES = 64
 
 
 class RemoteKernel:
@@ -93,7 +92,6 @@ class RemoteKernel:
         self.config = config
         self.kernel_id = kernel_id
         self._http = http
-        self._waiters: dict[str, Request] = {}
         self._message_limit = message_limit(limits.output_chars)
         self._bridge: ToolBridge | None = None
         self._deleted: anyio.Event | None = None
@@ -101,6 +99,15 @@ class RemoteKernel:
         self.stop_reason: str | None = None
         """Why the kernel is gone for the host, once it is."""
         self.exited = anyio.Event()
+        self._requests = Requests(
+            self,
+            budget=self._message_limit,
+            exited=self.exited,
+            lost=self.lost_error,
+            new_msg_id=self.new_msg_id,
+            forget=self._forget_answers,
+        )
+        self._waiters = self._requests.waiters
         self.link = Link(
             config, kernel_id, uuid.uuid4().hex, frame_limit=self.frame_limit, route=self._route, stopped=self.exited
         )
@@ -125,68 +132,27 @@ class RemoteKernel:
         """None: the gateway's machine is out of the host's sight."""
         return None
 
-    async def execute(
-        self, code: str, *, msg_id: str | None = None, silent: bool = False
-    ) -> AsyncGenerator[KernelEvent]:
+    def execute(self, code: str, *, msg_id: str | None = None, silent: bool = False) -> AsyncGenerator[KernelEvent]:
         """Run code and yield its events until the kernel is idle again.
 
         Raises:
             KernelConnectionLost: The websocket closed, or the kernel died, before the execution completed.
         """
-        content: dict[str, Any] = {
-            "code": code,
-            "silent": silent,
-            "store_history": not silent,
-            "user_expressions": {},
-            "allow_stdin": False,
-            "stop_on_error": False,
-        }
-        msg_id = msg_id or self.new_msg_id()
-        inbox = self._waiters[msg_id] = Request(self._message_limit)
-        try:
-            if self.exited.is_set():
-                inbox.close()
-            else:
-                self._send("shell", "execute_request", content, msg_id)
-            async for event in execution_events(inbox):
-                yield event
-            if not inbox.ended:
-                raise self.lost_error()
-        finally:
-            self._done_waiting(msg_id, inbox)
+        return self._requests.execute(code, msg_id=msg_id, silent=silent)
 
     async def evaluate(self, expressions: dict[str, str]) -> dict[str, object] | None:
         """Evaluate expressions in the kernel by a silent execute request without code, and return
-        its reply's content unchecked; None if the kernel sent over `_MAX_SIDE_MESSAGES` other
-        messages for the request first (ipybox._gateway._files runs uploads and downloads with it).
+        its reply's content unchecked (see `Requests.evaluate`; ipybox._gateway._files runs uploads
+        and downloads with it).
 
         Raises:
             KernelConnectionLost: The kernel was lost before it replied.
         """
-        if self.exited.is_set():
-            raise self.lost_error()
-        msg_id = self.new_msg_id()
-        inbox = self._waiters[msg_id] = Request(self._message_limit)
-        request = {"code": "", "silent": True, "store_history": False, "user_expressions": expressions}
-        try:
-            self._send("shell", "execute_request", {**request, "allow_stdin": False, "stop_on_error": False}, msg_id)
-            side = 0
-            async for msg in inbox:
-                if msg["header"]["msg_type"] == "execute_reply":
-                    return msg["content"]
-                side += 1
-                if side > _MAX_SIDE_MESSAGES:
-                    return None
-            raise self.lost_error()
-        finally:
-            self._done_waiting(msg_id, inbox)
+        return await self._requests.evaluate(expressions)
 
-    def _done_waiting(self, msg_id: str, inbox: Request) -> None:
-        """Stop routing the request's messages; the tool answers kept for a reconnection go with the last."""
-        self._waiters.pop(msg_id, None)
-        inbox.close()
-        if not self._waiters:
-            self._recovery.forget_answers()
+    def _forget_answers(self) -> None:
+        # No request waits any more: the tool answers kept for a reconnection go with the last.
+        self._recovery.forget_answers()
 
     def lost_error(self) -> KernelConnectionLost:
         return KernelConnectionLost(
@@ -196,7 +162,7 @@ class RemoteKernel:
     def interrupt(self) -> None:
         """Ask the kernel to raise KeyboardInterrupt in the running code (by a control message, as
         for a local kernel; the gateway passes it on)."""
-        self._send("control", "interrupt_request", {})
+        self._requests.interrupt()
 
     async def kill_and_wait(self) -> None:
         """Delete the kernel on the gateway (stopping whatever it runs) and mark it gone."""
@@ -246,6 +212,10 @@ class RemoteKernel:
         msg = {"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": channel}
         return json.dumps(msg)
 
+    def send(self, channel: ChannelName, msg_type: str, content: dict[str, Any], msg_id: str) -> None:
+        """Queue a request for the kernel (the `ChannelTransport` of this kernel's requests)."""
+        self._send(channel, msg_type, content, msg_id)
+
     def _send(self, channel: str, msg_type: str, content: dict[str, Any], msg_id: str | None = None) -> str | None:
         """Queue a message for the kernel (written once the link is up); the message, unless the kernel is gone."""
         if self.exited.is_set():
@@ -292,17 +262,13 @@ class RemoteKernel:
         inbox = self._waiters.get(cast("dict[str, object]", parent).get("msg_id"))  # pyright: ignore[reportArgumentType]
         if inbox is None or kind not in READ_TYPES:
             return
-        if kind == "status":
-            inbox.idle = inbox.idle or content.get("execution_state") == "idle"
-        elif kind in ("execute_reply", "kernel_info_reply"):
-            inbox.replied = True
         size = len(raw)
         if kind in OUTPUT_TYPES:
             if size > inbox.budget:
                 inbox.dropped += size
                 return
             inbox.budget -= size
-        await inbox.put({"header": header, "parent_header": parent, "content": content}, size)
+        await self._requests.deliver(inbox, {"header": header, "parent_header": parent, "content": content}, size)
 
     def _lose(self, reason: str) -> None:
         """The kernel is gone for the host: fail what waits on it, stop its tool calls."""
@@ -310,14 +276,13 @@ class RemoteKernel:
             return
         self.stop_reason = reason
         self.exited.set()
-        for inbox in list(self._waiters.values()):
-            inbox.close()
+        self._requests.close_all()
         if self._bridge is not None:
             self._bridge.cancel_all()
 
     async def _wait_ready(self) -> None:
         """Return once the kernel answers a kernel_info request; the caller bounds the wait."""
-        inbox = Request(self._message_limit)
+        inbox = Inbox(self._message_limit)
         sent: list[str] = []
         try:
             while not self.exited.is_set():

@@ -25,25 +25,12 @@ from typing import Any
 from ipybox._gateway._link import KernelGone, SendNow, Watch
 from ipybox._kernel._messages import Inbox
 
-__all__ = ("Recovery", "Request")
+__all__ = ("Recovery",)
 
 # Tool answers kept to be written again after a reconnection (while executions run): the results of
 # the calls in flight at once fit, and a stream of small calls keeps its recent ones.
 _ANSWERS_KEPT = 64
 _ANSWERS_BYTES = 16 * 1024 * 1024
-
-
-class Request(Inbox):
-    """An inbox that notes whether its request's reply and its idle status have arrived."""
-
-    def __init__(self, budget: int) -> None:
-        super().__init__(budget)
-        self.replied = False
-        self.idle = False
-
-    @property
-    def complete(self) -> bool:
-        return self.replied and self.idle
 
 
 Message = Callable[[str, str, dict[str, Any], str], str]
@@ -63,7 +50,7 @@ class Recovery:
 
     def __init__(
         self,
-        waiters: dict[str, Request],
+        waiters: dict[str, Inbox],
         *,
         budget: int,
         message: Message,
@@ -117,7 +104,7 @@ class Recovery:
         if not at_risk:
             return None
         marker_id = self._new_id()
-        marker = self._waiters[marker_id] = Request(self._budget)
+        marker = self._waiters[marker_id] = Inbox(self._budget)
         try:
             await send_now(self._message("shell", "kernel_info_request", {}, marker_id))
         except BaseException:
@@ -128,7 +115,7 @@ class Recovery:
 
     async def _ask(self, send_now: SendNow, channel: str, msg_id: str) -> dict[str, Any]:
         """Send a kernel_info_request on ``channel`` and return its reply's header."""
-        inbox = self._waiters[msg_id] = Request(self._budget)
+        inbox = self._waiters[msg_id] = Inbox(self._budget)
         try:
             await send_now(self._message(channel, "kernel_info_request", {}, msg_id))
             async for raw in inbox:
@@ -139,7 +126,7 @@ class Recovery:
             inbox.close()
         raise KernelGone("the kernel was lost while it was being checked")
 
-    async def _settle(self, marker_id: str, marker: Request, at_risk: dict[str, Request]) -> None:
+    async def _settle(self, marker_id: str, marker: Inbox, at_risk: dict[str, Inbox]) -> None:
         """Once the marker's reply and idle status are in, give the kernel up if a request before it
         still lacks its own."""
         try:

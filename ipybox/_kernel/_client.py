@@ -41,7 +41,7 @@ from ipybox._tooldir import open_tools_dir
 from ipybox.sandbox._cgroup import SandboxCgroup
 from ipybox.sandbox._sandbox import bwrap_argv, sandbox_filter_fd
 
-from ._messages import Inbox, KernelEvent, decode, execution_events, message_limit
+from ._messages import Inbox, KernelEvent, decode, message_limit
 from ._process import (
     StderrTail,
     close_fd,
@@ -51,6 +51,7 @@ from ._process import (
     tree_cpu_seconds,
     wait_for_exit,
 )
+from ._requests import ChannelName, Requests
 from ._zmtp import Channel, FrameLimits, ProtocolViolation
 
 __all__ = ("SANDBOX_SOCKET_DIR", "Kernel")
@@ -99,7 +100,6 @@ class Kernel:
         self._signer = hmac.new(session.key, digestmod=hashlib.sha256)
         self._channels = channels
         self.run_dir = run_dir
-        self._waiters: dict[str, Inbox] = {}
         self._message_limit = message_limit(limits.output_chars)
         self._stderr = StderrTail()
         self.exit_code: int | None = None
@@ -108,6 +108,14 @@ class Kernel:
         self.exited = anyio.Event()
         # The host pid of the kernel process inside the sandbox, once found.
         self._sandbox_pid: int | None = None
+        self._requests = Requests(
+            self,
+            budget=self._message_limit,
+            exited=self.exited,
+            lost=lambda: KernelDied(self.exit_code, reason=self.stop_reason),
+            new_msg_id=self.new_msg_id,
+        )
+        self._waiters = self._requests.waiters
 
     def _msg(self, msg_type: str, content: dict[str, Any], *, msg_id: str | None = None) -> dict[str, Any]:
         header = None
@@ -285,8 +293,7 @@ class Kernel:
     def interrupt(self) -> None:
         """Ask the kernel to raise KeyboardInterrupt in the running code (by message: signals do
         not reach a kernel inside a PID namespace)."""
-        if not self.exited.is_set():
-            self._send("control", self._msg("interrupt_request", {}))
+        self._requests.interrupt()
 
     def cpu_seconds(self) -> float:
         """CPU seconds used by the kernel and everything it started (the whole sandbox)."""
@@ -296,7 +303,7 @@ class Kernel:
         """A fresh id for a request to this kernel (see `execute`)."""
         return self._session.msg_id
 
-    async def execute(self, code: str, *, msg_id: str | None = None) -> AsyncGenerator[KernelEvent]:
+    def execute(self, code: str, *, msg_id: str | None = None) -> AsyncGenerator[KernelEvent]:
         """Run code and yield its events until the kernel is idle again.
 
         Args:
@@ -307,37 +314,19 @@ class Kernel:
         Raises:
             KernelDied: The kernel exited before the execution completed.
         """
-        msg = self._msg(
-            "execute_request",
-            {
-                "code": code,
-                "silent": False,
-                "store_history": True,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": False,
-            },
-            msg_id=msg_id,
-        )
-        async with self._request(msg, "shell") as inbox:
-            async for event in execution_events(inbox):
-                yield event
-            if not inbox.ended:
-                raise KernelDied(self.exit_code, reason=self.stop_reason)
+        return self._requests.execute(code, msg_id=msg_id)
 
-    @asynccontextmanager
-    async def _request(self, msg: dict[str, Any], channel: Literal["shell", "control"]) -> AsyncGenerator[Inbox]:
-        msg_id: str = msg["header"]["msg_id"]
-        inbox = self._waiters[msg_id] = Inbox(self._message_limit)
-        try:
-            if self.exited.is_set():
-                inbox.close()
-            else:
-                self._send(channel, msg)
-            yield inbox
-        finally:
-            self._waiters.pop(msg_id, None)
-            inbox.close()
+    async def evaluate(self, expressions: dict[str, str]) -> dict[str, object] | None:
+        """Evaluate expressions in the kernel (see `Requests.evaluate`).
+
+        Raises:
+            KernelDied: The kernel exited before it replied.
+        """
+        return await self._requests.evaluate(expressions)
+
+    def send(self, channel: ChannelName, msg_type: str, content: dict[str, Any], msg_id: str) -> None:
+        """Send a request on a channel (the `ChannelTransport` of this kernel's requests)."""
+        self._send(channel, self._msg(msg_type, content, msg_id=msg_id))
 
     async def _wait_ready(self) -> None:
         """Return once the kernel answers on shell and iopub; the caller bounds the wait.
@@ -396,8 +385,7 @@ class Kernel:
                 "(delete large objects and files in /tmp) or raise Limits.memory"
             )
         self.exited.set()
-        for inbox in list(self._waiters.values()):
-            inbox.close()
+        self._requests.close_all()
 
     async def _connect(self, ready: int, executable: str, info: object, *, sandboxed: bool) -> None:
         """Connect to the kernel's sockets once it says they are bound.
@@ -475,8 +463,7 @@ class Kernel:
     async def _deliver(self, frames: list[bytes]) -> None:
         delivery = decode(frames, self._signer, self._waiters)
         if delivery is not None:
-            inbox, msg, size = delivery
-            await inbox.put(msg, size)
+            await self._requests.deliver(*delivery)
 
 
 def _join_cgroups(procs_files: Sequence[Path]) -> list[str]:

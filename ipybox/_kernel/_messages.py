@@ -137,6 +137,15 @@ class Inbox:
         self.dropped = 0
         self.ended = False
         """Set by `execution_events` once the execution's end has arrived."""
+        self.replied = False
+        """Set once the request's reply has been delivered (``ipybox._kernel._requests``)."""
+        self.idle = False
+        """Set once the kernel's idle status after the request has been delivered."""
+
+    @property
+    def complete(self) -> bool:
+        """The request's reply and its idle status have both been delivered."""
+        return self.replied and self.idle
 
     def _notify(self) -> None:
         if self._wakeup is not None:
