@@ -5,6 +5,8 @@
 - `._zmtp`: the host's end of each channel, a ZMTP reader of ipybox's own that measures what the
   kernel sends before holding it.
 - `._messages`: checking, budgeting and parsing the Jupyter messages into typed events.
+- `._requests`: `Requests`, the Jupyter request layer (execute, evaluate, interrupt, the inboxes of
+  waiting requests) over a channel transport: `Kernel`'s ZMTP channels, or a gateway's websocket.
 - `._process`: the kernel's interpreter, and finding its process inside the sandbox.
 - `._handle`: `KernelHandle`, what the executor needs of any kernel (local, or on a gateway).
 """
