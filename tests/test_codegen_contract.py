@@ -189,6 +189,11 @@ def wrapped(schema: Any) -> dict[str, Any]:
             {"type": "object", "patternProperties": {"^x-": {"type": "string"}}}, [{"other": 1}], id="pattern-keyed map"
         ),
         pytest.param(
+            {"allOf": [{"items": [{"type": "integer"}]}], "additionalItems": {"type": "boolean"}},
+            [[1, None], "any"],
+            id="a lone allOf branch that admits any type",
+        ),
+        pytest.param(
             {"type": "string", "format": "date-time"},
             ["2024-01-15T14:30:25.123456789+01:00", "1998-12-31T23:59:60Z", "not a date"],
             id="date-time sent as written",
@@ -230,6 +235,27 @@ def test_a_map_at_the_root_is_typed_not_permissive(tmp_path: Path) -> None:
     assert sent(module, {"HOME": "/root", "LANG": "C"}) == {"HOME": "/root", "LANG": "C"}
     with pytest.raises(ValidationError):
         module._arguments({"HOME": 1})
+
+
+@pytest.mark.parametrize(
+    ("schema", "good", "bad"),
+    [
+        pytest.param({"propertyNames": {"maxLength": 3}}, {"abc": 1}, {"abcd": 1}, id="propertyNames"),
+        pytest.param(
+            {"patternProperties": {"^(?<p>x)-": {"type": "integer"}}, "additionalProperties": False},
+            {"x-a": 1},
+            {"y-a": 1},
+            id="closed pattern-keyed map",
+        ),
+    ],
+)
+def test_keys_of_a_map_at_the_root_are_checked(
+    tmp_path: Path, schema: dict[str, Any], good: dict[str, Any], bad: dict[str, Any]
+) -> None:
+    module = tool_module(tmp_path, {"type": "object", **schema})
+    assert sent(module, good) == good
+    with pytest.raises(ValidationError):
+        module._arguments(bad)
 
 
 def test_properties_with_typed_extra_keys_check_the_extra_values(tmp_path: Path) -> None:

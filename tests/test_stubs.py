@@ -118,7 +118,7 @@ async def test_stubs_of_server_everything_are_much_smaller_than_its_json_schemas
 
 
 def test_the_kernels_json_number_types_read_as_plain_types() -> None:
-    from ipybox.codegen._stubs import _cut  # pyright: ignore[reportPrivateUsage]
+    from ipybox.codegen._stubs import _cut
 
     node = ast.parse("dict[str, JsonInt] | Annotated[Literal[0, 1.5, False], JsonEqual] | None", mode="eval").body
     assert _cut(node) == "dict[str, int] | Literal[0, 1.5, False] | None"

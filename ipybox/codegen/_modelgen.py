@@ -113,11 +113,11 @@ def _is_base_model(parsed: Parsed, class_name: str) -> bool:
 
 
 def _map_root(parsed: Parsed) -> bool:
-    """Turn a root ``RootModel[dict[str, V]]`` (an object with only typed extra keys) into a model.
+    """Turn a root ``RootModel[dict[K, V]]`` (an object with only typed extra keys) into a model.
 
     Arguments are keyword arguments, so ``Params`` must be a ``BaseModel``; its undeclared keys are
-    typed ``V`` through pydantic's ``__pydantic_extra__``. Key constraints (``propertyNames``,
-    ``min/maxProperties``) are not checked: looser, never stricter, than the schema.
+    typed ``V`` through pydantic's ``__pydantic_extra__``, and checked against ``K``
+    (``propertyNames``). ``min/maxProperties`` are not checked: looser, never stricter, than the schema.
     """
     model = next((n for n, origin in parsed.imports.items() if origin == ("pydantic", "BaseModel")), None)
     if model is None:
@@ -138,7 +138,7 @@ def _map_root(parsed: Parsed) -> bool:
                 return False
         root_type = _without_constraints(root_type)
         match root_type:
-            case ast.Subscript(value=ast.Name(id="dict" | "Dict"), slice=ast.Tuple(elts=[_, value])):
+            case ast.Subscript(value=ast.Name(id="dict" | "Dict"), slice=ast.Tuple(elts=[key, value])):
                 pass
             case _:
                 return False
@@ -147,7 +147,8 @@ def _map_root(parsed: Parsed) -> bool:
             target=ast.Name(id=EXTRA_FIELD, ctx=ast.Store()),
             annotation=ast.Subscript(
                 value=ast.Name(id="dict", ctx=ast.Load()),
-                slice=ast.Tuple(elts=[ast.Name(id="str", ctx=ast.Load()), value], ctx=ast.Load()),
+                # pydantic checks extra keys against the key type (propertyNames).
+                slice=ast.Tuple(elts=[key, value], ctx=ast.Load()),
                 ctx=ast.Load(),
             ),
             simple=1,
