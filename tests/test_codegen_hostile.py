@@ -229,6 +229,21 @@ def test_models_whose_imports_clash_with_the_modules_own_fall_back_to_permissive
     assert all("extra='allow'" in c for c in models.classes)
 
 
+def test_definitions_named_like_the_kernels_types_never_shadow_them() -> None:
+    defs = {name: {"type": "object", "properties": {"v": {"type": "integer"}}} for name in ("JsonInt", "JsonEqual")}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/JsonInt"}, "b": {"$ref": "#/$defs/JsonEqual"}, "e": {"enum": [1]}},
+        "$defs": {**defs, "Annotated": {"const": 1}},
+    }
+    models = generate_tool_models(schema, None, extra_imports={}, reserved=())
+    source = "\n".join(models.classes)
+    assert models.fallbacks == [] and "class JsonInt2(BaseModel)" in source and "v: JsonInt | None" in source
+    assert models.imports["JsonInt"] == ("ipybox_kernel", "JsonInt")
+    assert models.imports["JsonEqual"] == ("ipybox_kernel", "JsonEqual")
+    assert models.imports["Annotated"] == ("typing", "Annotated")
+
+
 def test_output_schemas_that_are_not_objects_still_get_a_result_model() -> None:
     models = generate_tool_models(
         {"type": "object"}, {"type": "array", "items": {"type": "integer"}}, extra_imports={}, reserved=()
