@@ -16,6 +16,10 @@ Each suite group (one schema, several instances labelled valid or not) becomes o
 - *formats* (``optional/format``): the wrapped schema with ``"type": "string"`` added, since real
   format schemas are typed and the suite's are not.
 
+A draft-7 group's tool says ``"$schema": "http://json-schema.org/draft-07/schema#"`` (as zod's
+draft-7 output does): MCP reads a schema without ``$schema`` as 2020-12, where ``$ref`` siblings apply.
+Real MCP servers, called over stdio: ``schema_fidelity_servers.py``.
+
 Groups that need something no generator may do (remote refs, ``$id``-relative refs, anchors, dynamic
 refs, vocabularies) are skipped and counted. The oracle is ``jsonschema`` with the draft's validator
 and formats as annotations (JSON Schema's default, and what ``format`` means to most servers).
@@ -259,12 +263,16 @@ def groups(archive: Path) -> tuple[list[Group], dict[str, int]]:
     return out, skipped
 
 
+# A draft-7 group means draft 7, so its tool says so: MCP takes a schema without ``$schema`` as 2020-12.
+DIALECTS = {"draft7": "http://json-schema.org/draft-07/schema#"}
+
+
 def input_schema(group: Group) -> dict[str, Any]:
+    dialect: dict[str, Any] = {"$schema": DIALECTS[group.draft]} if group.draft in DIALECTS else {}
     if group.mode == "direct":
-        return group.schema
+        return {**dialect, **group.schema}
     schema = rewrite_refs(group.schema, "#/properties/x")
     obj = as_object(schema)
-    dialect: dict[str, Any] = {}
     if obj is not None and "$schema" in obj:
         # The dialect applies to the whole document, so it moves to the wrapper's root.
         dialect = {"$schema": obj["$schema"]}

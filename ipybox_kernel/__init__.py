@@ -56,6 +56,8 @@ from ._errors import (
 )
 
 if TYPE_CHECKING:
+    from ._arguments import JsonEqual as JsonEqual
+    from ._arguments import JsonInt as JsonInt
     from ._arguments import UndeclaredArgumentWarning as UndeclaredArgumentWarning
     from ._arguments import tool_arguments as tool_arguments
     from ._content import AudioContent as AudioContent
@@ -77,6 +79,8 @@ __all__ = (
     "Content",
     "EmbeddedResource",
     "ImageContent",
+    "JsonEqual",
+    "JsonInt",
     "MCPServerCrashed",
     "MCPServerStartError",
     "OtherContent",
@@ -111,6 +115,8 @@ _LAZY = {
     ),
     "TextContent": "._content",
     "ToolText": "._content",
+    "JsonEqual": "._arguments",
+    "JsonInt": "._arguments",
     "UndeclaredArgumentWarning": "._arguments",
     "tool_arguments": "._arguments",
     "ToolMatch": "._search",

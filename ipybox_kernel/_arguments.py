@@ -5,6 +5,9 @@ The contract (DESIGN.md §5): what the tool accepts is never rejected, and it is
 - Only what the caller set is sent; the server keeps its own defaults.
 - ``None`` for an optional property means "not given" and is left out, unless the property's schema
   admits ``null`` (code generation marks those fields with `NULLABLE_KEY`); then it is sent as null.
+- Numbers as JSON Schema counts them: an ``integer`` field takes ``1.0`` and sends ``1`` (`JsonInt`);
+  an ``enum``/``const`` of numbers or booleans takes the values JSON counts equal to a member
+  (``0.0`` for ``0``, never ``false`` for ``0``) and sends the value as given (`JsonEqual`).
 - Keys the schema does not declare: refused with the closest declared key named when the schema
   forbids them (``additionalProperties: false``); otherwise sent as given, with a warning naming the
   closest declared key, since an undeclared key is most often a typo that the server would ignore.
@@ -16,19 +19,50 @@ standard library only.
 from __future__ import annotations
 
 import difflib
+import json
 import warnings
 from collections.abc import Mapping
-from typing import Any, cast, get_args
+from typing import Annotated, Any, cast, get_args
 
-from pydantic import BaseModel, RootModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, RootModel, StrictInt, ValidationError, WrapValidator
 from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
-__all__ = ("NULLABLE_KEY", "UndeclaredArgumentWarning", "tool_arguments")
+__all__ = ("NULLABLE_KEY", "JsonEqual", "JsonInt", "UndeclaredArgumentWarning", "tool_arguments")
 
 NULLABLE_KEY = "x-ipybox-nullable"
 """``json_schema_extra`` key of fields whose schema admits null, though they are optional."""
 
 _EXTRA_FIELD = "__pydantic_extra__"
+
+
+def _integral(value: Any) -> Any:
+    # JSON Schema counts 1.0 an integer; the tool declared an integer, so it is sent one (a server
+    # that parses into an int type may refuse 1.0). Booleans stay refused by StrictInt.
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+JsonInt = Annotated[StrictInt, BeforeValidator(_integral)]
+"""JSON Schema's ``integer``: an int, or a float without a fraction (sent as the int); never "5" or True."""
+
+
+def _json_equal(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    matched = handler(value)
+    # pydantic's Literal matches by Python equality, where True == 1 and 0 == False; JSON's does not.
+    if isinstance(value, bool) is not isinstance(matched, bool):
+        raise PydanticCustomError(
+            "literal_error",
+            "{given} is none of the allowed values (JSON keeps booleans and numbers apart)",
+            {"given": json.dumps(value)},
+        )
+    # The value as given: 0.0 stays 0.0 where the schema says 0 (JSON Schema counts them equal).
+    return value
+
+
+JsonEqual = WrapValidator(_json_equal)
+"""Metadata for a ``Literal`` of numbers or booleans: JSON's equality, and the value sent as given."""
 
 
 class UndeclaredArgumentWarning(UserWarning):

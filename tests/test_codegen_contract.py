@@ -189,6 +189,11 @@ def wrapped(schema: Any) -> dict[str, Any]:
             {"type": "object", "patternProperties": {"^x-": {"type": "string"}}}, [{"other": 1}], id="pattern-keyed map"
         ),
         pytest.param(
+            {"allOf": [{"items": [{"type": "integer"}]}], "additionalItems": {"type": "boolean"}},
+            [[1, None], "any"],
+            id="a lone allOf branch that admits any type",
+        ),
+        pytest.param(
             {"type": "string", "format": "date-time"},
             ["2024-01-15T14:30:25.123456789+01:00", "1998-12-31T23:59:60Z", "not a date"],
             id="date-time sent as written",
@@ -232,12 +237,54 @@ def test_a_map_at_the_root_is_typed_not_permissive(tmp_path: Path) -> None:
         module._arguments({"HOME": 1})
 
 
+@pytest.mark.parametrize(
+    ("schema", "good", "bad"),
+    [
+        pytest.param({"propertyNames": {"maxLength": 3}}, {"abc": 1}, {"abcd": 1}, id="propertyNames"),
+        pytest.param(
+            {"patternProperties": {"^(?<p>x)-": {"type": "integer"}}, "additionalProperties": False},
+            {"x-a": 1},
+            {"y-a": 1},
+            id="closed pattern-keyed map",
+        ),
+    ],
+)
+def test_keys_of_a_map_at_the_root_are_checked(
+    tmp_path: Path, schema: dict[str, Any], good: dict[str, Any], bad: dict[str, Any]
+) -> None:
+    module = tool_module(tmp_path, {"type": "object", **schema})
+    assert sent(module, good) == good
+    with pytest.raises(ValidationError):
+        module._arguments(bad)
+
+
 def test_properties_with_typed_extra_keys_check_the_extra_values(tmp_path: Path) -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string"}}, "additionalProperties": {"type": "integer"}}
     module = tool_module(tmp_path, schema)
     assert sent(module, {"name": "a", "count": 3}) == {"name": "a", "count": 3}
     with pytest.raises(ValidationError):
         module._arguments({"name": "a", "count": "3"})
+
+
+@pytest.mark.parametrize("at_root", [False, True], ids=["in a property", "at the root"])
+def test_constrained_extra_values_a_type_alias_to_the_generator_are_checked(tmp_path: Path, at_root: bool) -> None:
+    # excel's set_sheet_layout: the generator names the constrained value type with a TypeAliasType.
+    widths = {"type": "object", "additionalProperties": {"type": "number", "maximum": 255}}
+    schema = (
+        widths
+        if at_root
+        else {
+            "type": "object",
+            "properties": {"sheet": {"type": "string"}, "widths": widths},
+            "required": ["sheet"],
+        }
+    )
+    module = tool_module(tmp_path, schema)
+    given = {"A": 12, "B": 8.5} if at_root else {"sheet": "s", "widths": {"A": 12, "B": 8.5}}
+    assert json.dumps(sent(module, given)) == json.dumps(given)
+    for bad in [{"A": 256}] if at_root else [{"widths": {"A": 1}}, {"sheet": "s", "widths": {"A": 256}}]:
+        with pytest.raises(ValidationError):
+            module._arguments(bad)
 
 
 def test_an_ecmascript_named_group_is_respelled_and_enforced(tmp_path: Path) -> None:
@@ -253,6 +300,38 @@ def test_numbers_are_not_coerced_from_strings_or_booleans(tmp_path: Path) -> Non
         {"type": "object", "properties": {"n": {"type": "number"}, "i": {"type": "integer"}, "b": {"type": "boolean"}}},
     )
     for bad in ({"n": "5"}, {"n": True}, {"i": "5"}, {"i": True}, {"b": "yes"}, {"b": 1}):
+        with pytest.raises(ValidationError):
+            module._arguments(bad)
+
+
+def test_an_integer_field_takes_a_float_without_fraction_and_sends_the_integer(tmp_path: Path) -> None:
+    # JSON Schema counts 1.0 an integer (suite: type.json, "a float with zero fractional part").
+    module = tool_module(tmp_path, wrapped({"type": "array", "items": {"type": "integer", "minimum": 1}}))
+    assert json.dumps(sent(module, {"x": [1.0, 2, 2.0**60]})) == json.dumps({"x": [1, 2, 2**60]})
+    for bad in ([1.5], [0.0], [True], ["1"]):
+        with pytest.raises(ValidationError):
+            module._arguments({"x": bad})
+
+
+@pytest.mark.parametrize(
+    ("schema", "given"),
+    [
+        pytest.param({"const": 0}, 0.0, id="const 0 given 0.0"),
+        pytest.param({"const": 9007199254740992}, 9007199254740992.0, id="const 2^53 given as a float"),
+        pytest.param({"enum": [1, "a"]}, 1.0, id="enum 1 given 1.0"),
+        pytest.param({"enum": [0.0, "a"]}, 0, id="enum 0.0 given 0"),
+    ],
+)
+def test_an_enum_or_const_number_is_sent_as_given(tmp_path: Path, schema: dict[str, Any], given: Any) -> None:
+    module = tool_module(tmp_path, wrapped(schema))
+    assert json.dumps(sent(module, {"x": given})) == json.dumps({"x": given})
+
+
+def test_an_enum_or_const_keeps_booleans_and_numbers_apart(tmp_path: Path) -> None:
+    properties = {"n": {"enum": [0, 1]}, "b": {"const": False}, "m": {"enum": [True]}}
+    module = tool_module(tmp_path, {"type": "object", "properties": properties})
+    assert sent(module, {"n": 1, "b": False, "m": True}) == {"n": 1, "b": False, "m": True}
+    for bad in ({"n": True}, {"n": False}, {"b": 0}, {"m": 1}):
         with pytest.raises(ValidationError):
             module._arguments(bad)
 

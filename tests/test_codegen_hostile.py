@@ -229,6 +229,21 @@ def test_models_whose_imports_clash_with_the_modules_own_fall_back_to_permissive
     assert all("extra='allow'" in c for c in models.classes)
 
 
+def test_definitions_named_like_the_kernels_types_never_shadow_them() -> None:
+    defs = {name: {"type": "object", "properties": {"v": {"type": "integer"}}} for name in ("JsonInt", "JsonEqual")}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/JsonInt"}, "b": {"$ref": "#/$defs/JsonEqual"}, "e": {"enum": [1]}},
+        "$defs": {**defs, "Annotated": {"const": 1}},
+    }
+    models = generate_tool_models(schema, None, extra_imports={}, reserved=())
+    source = "\n".join(models.classes)
+    assert models.fallbacks == [] and "class JsonInt2(BaseModel)" in source and "v: JsonInt | None" in source
+    assert models.imports["JsonInt"] == ("ipybox_kernel", "JsonInt")
+    assert models.imports["JsonEqual"] == ("ipybox_kernel", "JsonEqual")
+    assert models.imports["Annotated"] == ("typing", "Annotated")
+
+
 def test_output_schemas_that_are_not_objects_still_get_a_result_model() -> None:
     models = generate_tool_models(
         {"type": "object"}, {"type": "array", "items": {"type": "integer"}}, extra_imports={}, reserved=()
@@ -258,6 +273,19 @@ def test_output_schemas_that_are_not_objects_still_get_a_result_model() -> None:
         "from pydantic import BaseModel\nclass _A(BaseModel):\n    x: int",
         "from pydantic import BaseModel\nclass A(BaseModel):\n    x: int\nclass A(BaseModel):\n    y: int",
         "from pydantic import BaseModel\nfrom typing import Any\nclass Any(BaseModel):\n    x: int",
+        # Type aliases: only the generator's own form, inlined; recursion and blow-up refused.
+        "from pydantic import BaseModel\nfrom typing_extensions import TypeAliasType\n"
+        "X = TypeAliasType('Y', int)\nclass A(BaseModel):\n    x: X",
+        "from pydantic import BaseModel\nfrom typing_extensions import TypeAliasType\n"
+        "X = TypeAliasType('X', list[X])\nclass A(BaseModel):\n    x: X",
+        "from pydantic import BaseModel\nfrom typing_extensions import TypeAliasType\n"
+        "X = TypeAliasType('X', __import__('os'))\nclass A(BaseModel):\n    x: X",
+        "from pydantic import BaseModel\nfrom typing_extensions import TypeAliasType\n"
+        "X = TypeAliasType('X', 'os.system')\nclass A(BaseModel):\n    x: X",
+        "from pydantic import BaseModel\nfrom typing_extensions import TypeAliasType as T\n"
+        + "".join(f"A{i} = T('A{i}', dict[A{i + 1}, A{i + 1}])\n" for i in range(30))
+        + "A30 = T('A30', int)\nclass A(BaseModel):\n    x: A0",
+        "from pydantic import BaseModel\nX = print('X', int)\nclass A(BaseModel):\n    x: X",
     ],
 )
 def test_generated_code_outside_the_allowlist_is_rejected(source: str) -> None:
@@ -290,6 +318,28 @@ class A(BaseModel):
     parsed = parse_generated(source)
     assert parsed.classes == ["Kind", "Node", "A"]
     assert [c.value for c in parsed.forward_refs] == ["Node", "Node"]
+
+
+def test_type_aliases_are_inlined_and_checked_like_annotations() -> None:
+    source = """
+from __future__ import annotations
+from typing import Annotated
+from pydantic import BaseModel, Field
+from typing_extensions import TypeAliasType
+
+Width = TypeAliasType("Width", Annotated[float, Field(le=255.0)])
+Widths = TypeAliasType("Widths", dict[str, Width])
+
+class A(BaseModel):
+    x: Widths | None = None
+    y: list['A'] = []
+"""
+    parsed = parse_generated(source)
+    assert parsed.classes == ["A"] and "TypeAliasType" not in parsed.imports
+    model = parsed.body[0]
+    assert isinstance(model, ast.ClassDef)
+    assert ast.unparse(model.body[0]) == "x: dict[str, Annotated[float, Field(le=255.0)]] | None = None"
+    assert [c.value for c in parsed.forward_refs] == ["A"]
 
 
 async def test_stubs_of_a_hostile_package_keep_every_payload_in_comments_and_strings(

@@ -115,3 +115,10 @@ async def test_stubs_of_server_everything_are_much_smaller_than_its_json_schemas
     assert len([line for line in stubs.splitlines() if line.startswith("class ")]) == len(listing.tools)
     assert "    def run(params: Params) -> Result: ..." in stubs  # get-structured-content
     ast.parse(stubs)
+
+
+def test_the_kernels_json_number_types_read_as_plain_types() -> None:
+    from ipybox.codegen._stubs import _cut
+
+    node = ast.parse("dict[str, JsonInt] | Annotated[Literal[0, 1.5, False], JsonEqual] | None", mode="eval").body
+    assert _cut(node) == "dict[str, int] | Literal[0, 1.5, False] | None"

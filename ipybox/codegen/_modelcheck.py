@@ -9,6 +9,7 @@ permissive model instead (see ``_modelgen``).
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -62,6 +63,10 @@ _SAFE_BUILTINS = frozenset(
     {"bool", "bytes", "dict", "float", "frozenset", "int", "list", "object", "set", "str", "tuple"}
 )
 _LITERAL_FORMS = frozenset({"Literal"})
+# The generator's named type aliases (``X = TypeAliasType("X", <type>)``), which are inlined.
+_ALIAS_ORIGINS = frozenset({("typing", "TypeAliasType"), ("typing_extensions", "TypeAliasType")})
+# An alias used in several places is copied into each; this bounds what a hostile schema can grow.
+MAX_INLINED_NODES = 20_000
 _ANNOTATED_FORMS = frozenset({"Annotated"})
 
 
@@ -205,6 +210,56 @@ def _check_target(name: str, *, field: bool) -> None:
         raise Unsafe(f"class attribute {name!r}")
 
 
+def _inline_aliases(body: list[ast.stmt], imports: dict[str, Import]) -> list[ast.stmt]:
+    """Replace each of the generator's ``X = TypeAliasType("X", T)`` by its type ``T`` where ``X`` is used.
+
+    The generator names a constrained type that way (``additionalProperties: {"maximum": 255}``);
+    inlined, the type is checked, renamed and made faithful like any other annotation. Recursive
+    aliases, and inlining that would grow past `MAX_INLINED_NODES`, raise `Unsafe`.
+    """
+    aliases: dict[str, ast.expr] = {}
+    rest: list[ast.stmt] = []
+    for stmt in body:
+        match stmt:
+            case ast.Assign(
+                targets=[ast.Name(id=target)],
+                value=ast.Call(func=ast.Name(id=func), args=[ast.Constant(value=str(name)), value], keywords=[]),
+            ) if imports.get(func) in _ALIAS_ORIGINS:
+                if name != target or target in aliases or target in imports:
+                    raise Unsafe(f"type alias {target!r}")
+                aliases[target] = value
+            case _:
+                rest.append(stmt)
+    if not aliases:
+        return body
+    resolved: dict[str, ast.expr] = {}
+    budget = [MAX_INLINED_NODES]
+
+    class Inliner(ast.NodeTransformer):
+        def __init__(self, resolving: frozenset[str]) -> None:
+            self.resolving = resolving
+
+        def visit_Name(self, node: ast.Name) -> ast.expr:
+            if node.id not in aliases or not isinstance(node.ctx, ast.Load):
+                return node
+            if node.id in self.resolving:
+                raise Unsafe(f"recursive type alias {node.id!r}")
+            if node.id not in resolved:
+                inner = Inliner(self.resolving | {node.id})
+                resolved[node.id] = inner.visit(copy.deepcopy(aliases[node.id]))
+            budget[0] -= sum(1 for _ in ast.walk(resolved[node.id]))
+            if budget[0] < 0:
+                raise Unsafe("type aliases inline to too large a type")
+            return copy.deepcopy(resolved[node.id])
+
+    out = [Inliner(frozenset()).visit(stmt) for stmt in rest]
+    used = {n.id for stmt in out for n in ast.walk(stmt) if isinstance(n, ast.Name)}
+    for name, origin in list(imports.items()):
+        if origin in _ALIAS_ORIGINS and name not in used:
+            del imports[name]
+    return out
+
+
 def parse_generated(text: str) -> Parsed:
     """Parse generated model code and check every statement against the allowlist.
 
@@ -238,6 +293,7 @@ def parse_generated(text: str) -> Parsed:
                 pass
             case _:
                 body.append(stmt)
+    body = _inline_aliases(body, imports)
     classes = [stmt.name for stmt in body if isinstance(stmt, ast.ClassDef)]
     if len(set(classes)) != len(classes):
         raise Unsafe("a class is defined twice")

@@ -113,11 +113,11 @@ def _is_base_model(parsed: Parsed, class_name: str) -> bool:
 
 
 def _map_root(parsed: Parsed) -> bool:
-    """Turn a root ``RootModel[dict[str, V]]`` (an object with only typed extra keys) into a model.
+    """Turn a root ``RootModel[dict[K, V]]`` (an object with only typed extra keys) into a model.
 
     Arguments are keyword arguments, so ``Params`` must be a ``BaseModel``; its undeclared keys are
-    typed ``V`` through pydantic's ``__pydantic_extra__``. Key constraints (``propertyNames``,
-    ``min/maxProperties``) are not checked: looser, never stricter, than the schema.
+    typed ``V`` through pydantic's ``__pydantic_extra__``, and checked against ``K``
+    (``propertyNames``). ``min/maxProperties`` are not checked: looser, never stricter, than the schema.
     """
     model = next((n for n, origin in parsed.imports.items() if origin == ("pydantic", "BaseModel")), None)
     if model is None:
@@ -138,7 +138,7 @@ def _map_root(parsed: Parsed) -> bool:
                 return False
         root_type = _without_constraints(root_type)
         match root_type:
-            case ast.Subscript(value=ast.Name(id="dict" | "Dict"), slice=ast.Tuple(elts=[_, value])):
+            case ast.Subscript(value=ast.Name(id="dict" | "Dict"), slice=ast.Tuple(elts=[key, value])):
                 pass
             case _:
                 return False
@@ -147,7 +147,8 @@ def _map_root(parsed: Parsed) -> bool:
             target=ast.Name(id=EXTRA_FIELD, ctx=ast.Store()),
             annotation=ast.Subscript(
                 value=ast.Name(id="dict", ctx=ast.Load()),
-                slice=ast.Tuple(elts=[ast.Name(id="str", ctx=ast.Load()), value], ctx=ast.Load()),
+                # pydantic checks extra keys against the key type (propertyNames).
+                slice=ast.Tuple(elts=[key, value], ctx=ast.Load()),
                 ctx=ast.Load(),
             ),
             simple=1,
@@ -350,9 +351,11 @@ _CONSTRAINTS = frozenset(
 _NUMBERS = frozenset({"int", "float"})
 _SIZED = frozenset({"str", "bytes", "list", "set", "frozenset", "dict", "tuple", "List", "Set", "Dict", "Tuple"})
 # JSON types whose pydantic default coerces ("5" -> 5, True -> 1, "yes" -> True) or converts (5 -> 5.0).
-_STRICT_PARAMS = {"int": "StrictInt", "float": "StrictInt | StrictFloat", "bool": "StrictBool"}
+_STRICT_PARAMS = {"int": "JsonInt", "float": "StrictInt | StrictFloat", "bool": "StrictBool"}
 _STRICT_RESULT = {"float": "int | float"}
 STRICT_TYPES = ("StrictBool", "StrictFloat", "StrictInt")
+# The kernel's own types for what pydantic has no type for (JSON Schema's integer and equality).
+KERNEL_TYPES = ("JsonEqual", "JsonInt")
 
 
 def _members(node: ast.expr) -> list[ast.expr]:
@@ -374,13 +377,22 @@ def _constrainable(node: ast.expr) -> bool:
 class _Faithful(ast.NodeTransformer):
     """Types that accept what the schema accepts and keep it as it is (DESIGN.md §5)."""
 
-    def __init__(self, strict: Mapping[str, str]) -> None:
+    def __init__(self, strict: Mapping[str, str], *, params: bool) -> None:
         self.strict = strict
+        self.params = params
         self.used: set[str] = set()
 
     def visit_Subscript(self, node: ast.Subscript) -> ast.expr:
         match node:
-            case ast.Subscript(value=ast.Name(id="Literal")):
+            case ast.Subscript(value=ast.Name(id="Literal"), slice=members):
+                if self.params and any(_is_number(m) for m in _members_of(members)):
+                    # Python's == makes True a 1 and sends the member's spelling (0 for 0.0).
+                    self.used.update(("Annotated", "JsonEqual"))
+                    return ast.Subscript(
+                        value=ast.Name(id="Annotated", ctx=ast.Load()),
+                        slice=ast.Tuple(elts=[node, ast.Name(id="JsonEqual", ctx=ast.Load())], ctx=ast.Load()),
+                        ctx=ast.Load(),
+                    )
                 return node
             case ast.Subscript(value=ast.Name(id="Annotated"), slice=ast.Tuple(elts=[inner, *metadata])):
                 if not _constrainable(inner):
@@ -400,13 +412,28 @@ class _Faithful(ast.NodeTransformer):
         replacement = self.strict.get(node.id)
         if replacement is None or not isinstance(node.ctx, ast.Load):
             return node
-        self.used.update(n for n in STRICT_TYPES if n in replacement)
+        self.used.update(n for n in (*STRICT_TYPES, *KERNEL_TYPES) if n in replacement)
         return ast.parse(replacement, mode="eval").body
+
+
+def _members_of(node: ast.expr) -> list[ast.expr]:
+    return list(node.elts) if isinstance(node, ast.Tuple) else [node]
+
+
+def _is_number(node: ast.expr) -> bool:
+    match node:
+        case ast.Constant(value=int() | float()):
+            return True
+        case ast.UnaryOp(op=ast.USub() | ast.UAdd(), operand=ast.Constant(value=int() | float())):
+            return True
+        case _:
+            return False
 
 
 def _faithful_types(node: ast.ClassDef, side: Side) -> set[str]:
     """Rewrite the types of one class in place; returns the strict pydantic types it now uses."""
-    rewriter = _Faithful(_STRICT_PARAMS if side == "Params" else _STRICT_RESULT)
+    params = side == "Params"
+    rewriter = _Faithful(_STRICT_PARAMS if params else _STRICT_RESULT, params=params)
     for stmt in node.body:
         if isinstance(stmt, ast.AnnAssign):
             stmt.annotation = rewriter.visit(stmt.annotation)
@@ -486,7 +513,7 @@ def generate_tool_models(
         imports["ConfigDict" if "ConfigDict" not in imports else "_ConfigDict"] = ("pydantic", "ConfigDict")
     taken = {*imports, *reserved, *(b for b in dir(builtins) if not b.startswith("_")), "Params", "Result"}
     # Strict types are imported only when used, so their names are kept free up front.
-    taken.update(STRICT_TYPES)
+    taken.update((*STRICT_TYPES, *KERNEL_TYPES, "Annotated"))
     params_names = {params.root: "Params"}
     for name in params.classes:
         if name != params.root:
@@ -510,5 +537,8 @@ def generate_tool_models(
                 _configure_model(stmt, imports)
             classes.append(_typed_extras_note(ast.unparse(stmt)))
     for name in sorted(strict):
-        imports[name] = ("pydantic", name)
+        if name == "Annotated":
+            imports.setdefault(name, ("typing", name))
+        else:
+            imports[name] = ("ipybox_kernel" if name in KERNEL_TYPES else "pydantic", name)
     return ToolModels(imports, classes, result is not None, fallbacks, notes)

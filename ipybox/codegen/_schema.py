@@ -279,6 +279,13 @@ def _loosen(out: dict[str, Any], original: Mapping[str, Any], *, root: bool) -> 
     if unevaluated is not None and not applied and "additionalProperties" not in out:
         out["additionalProperties"] = unevaluated
     patterns = _mapping(out.pop("patternProperties", None))
+    if patterns and out.get("additionalProperties") is False and "properties" not in out:
+        # Every key must match a pattern: that much is checked exactly (the keys' type).
+        names = [_python_pattern(p) for p in patterns]
+        if "propertyNames" not in out and all(_compiles(p) for p in names):
+            out["propertyNames"] = (
+                {"pattern": names[0]} if len(names) == 1 else {"anyOf": [{"pattern": p} for p in names]}
+            )
     if patterns:
         options = [o for o in [*patterns.values(), out.get("additionalProperties", True)] if o is not False]
         if any(o is True or o == {} for o in options):
@@ -286,8 +293,36 @@ def _loosen(out: dict[str, Any], original: Mapping[str, Any], *, root: bool) -> 
             out["additionalProperties"] = {}
         else:
             out["additionalProperties"] = {"anyOf": options} if options else False
+    out = _single_all_of(out)
     # The root is an object whatever it says (tool arguments); elsewhere keep every type it admits.
     return out if root else _typeless(out)
+
+
+# Keywords that only annotate: next to them, ``allOf: [S]`` means S.
+_ANNOTATIONS = frozenset({"$defs", "$schema", "default", "definitions", "deprecated", "description", "examples"})
+
+
+def _single_all_of(out: dict[str, Any]) -> dict[str, Any]:
+    """``{"allOf": [S]}`` with only annotations beside it is S itself.
+
+    The generator merges a lone ``allOf`` branch in ways of its own (a typeless branch that admits
+    arrays became an object model); S in its place is what the schema says.
+    """
+    branches = _sequence(out.get("allOf"))
+    if branches is None or len(branches) != 1 or set(out) - _ANNOTATIONS - {"allOf"}:
+        return out
+    branch = _mapping(branches[0])
+    if branch is None or set(branch) & (set(out) - {"allOf"}):
+        return out
+    return {**{k: v for k, v in out.items() if k != "allOf"}, **branch}
+
+
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, OverflowError, RecursionError):
+        return False
+    return True
 
 
 def _admits_null(node: Any, root: Mapping[str, Any], seen: frozenset[str] = frozenset()) -> bool:

@@ -44,10 +44,19 @@ def _load_server(package_dir: Path, only: Sequence[str] | None) -> Server | None
 
 # Generated models use pydantic's strict types so that "5" is not sent as 5; to a reader they are
 # the plain types, and ``ipybox_kernel.ToolText`` is a str with the result's content items.
-_PLAIN = {"StrictInt": "int", "StrictFloat": "float", "StrictBool": "bool"}
+_PLAIN = {"StrictInt": "int", "StrictFloat": "float", "StrictBool": "bool", "JsonInt": "int"}
 
 
 class _Plain(ast.NodeTransformer):
+    def visit_Subscript(self, node: ast.Subscript) -> ast.expr:
+        # Annotated[Literal[0, 1], JsonEqual]: how a Literal of numbers is matched, not what it is.
+        match node:
+            case ast.Subscript(value=ast.Name(id="Annotated"), slice=ast.Tuple(elts=[inner, ast.Name(id="JsonEqual")])):
+                return self.visit(inner)
+            case _:
+                self.generic_visit(node)
+                return node
+
     def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
         # A JSON number is an int or a float; to a Python reader (PEP 484's numeric tower) a float.
         if ast.unparse(node) in ("StrictInt | StrictFloat", "int | float"):
