@@ -673,11 +673,9 @@ async def test_an_sdk_client_with_a_wrong_or_no_token_is_told_which_file_holds_t
                         pass
             error = _innermost(raised.value)
             assert isinstance(error, MCPError), repr(raised.value)
-            assert str(error).startswith(
-                f"ipybox MCP server: {reason}: send the header 'Authorization: Bearer <token>'"
-            )
-            assert f"the contents of {token_file}" in str(error), str(error)
+            assert str(error).startswith(f"ipybox MCP server: {reason}; the token is in {token_file} "), str(error)
             assert "IPYBOX_MCP_TOKEN=<token>" in str(error) and "--bearer-token" in str(error)
+            assert "send the header 'Authorization: Bearer <token>'" in str(error)
             # Clients that read the challenge (RFC 6750) find the same advice there.
             async with httpx2.AsyncClient(headers=headers, timeout=START_TIMEOUT) as http:
                 challenge = (await http.post(server.url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})).headers[

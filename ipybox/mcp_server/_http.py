@@ -49,27 +49,26 @@ _DESCRIPTION_CHARACTERS = re.compile(r"[^\x20\x21\x23-\x5b\x5d-\x7e]")
 
 def _token_help(token_file: Path | None) -> str:
     """What a client refused for its token must do: where the token is, and how to choose one."""
-    if token_file is not None:
-        where = (
-            f"<token> being the contents of {token_file}, which the server wrote when it started (a new token "
-            f"on every start; the server prints the file's path). To keep one token across restarts, start the "
-            f"server with {TOKEN_ENV}=<token> in its environment (or --bearer-token <token>)"
-        )
-    else:
-        where = f"<token> being the one this server was started with ({TOKEN_ENV} or --bearer-token)"
-    return f"send the header 'Authorization: Bearer <token>' with every request, {where}"
+    header = "send the header 'Authorization: Bearer <token>' with every request"
+    if token_file is None:
+        return f"{header}, <token> being the one this server was started with ({TOKEN_ENV} or --bearer-token)"
+    return (
+        f"the token is in {token_file} (new at each start; to keep one, start the server with "
+        f"{TOKEN_ENV}=<token> or --bearer-token <token>); {header}"
+    )
 
 
 def _unauthorized_response(reason: str, advice: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """The headers and body of the 401 answer to a request refused for ``reason``."""
-    message = f"ipybox MCP server: {reason}: {advice}"
+    message = f"ipybox MCP server: {reason}; {advice}"
     challenge = 'Bearer realm="ipybox"'
     if reason != "no Authorization header":  # RFC 6750: a request that sent no credentials gets no error code
         description = _DESCRIPTION_CHARACTERS.sub("?", message)
         challenge += f', error="invalid_token", error_description="{description}"'
-    body = {"jsonrpc": "2.0", "id": None, "error": {"code": _UNAUTHORIZED_CODE, "message": message}}
+    # The message first and no spaces: Claude Code shows the body's first ~300 characters.
+    body = {"error": {"message": message, "code": _UNAUTHORIZED_CODE}, "id": None, "jsonrpc": "2.0"}
     headers = [(b"content-type", b"application/json"), (b"www-authenticate", challenge.encode())]
-    return headers, json.dumps(body).encode()
+    return headers, json.dumps(body, separators=(",", ":")).encode()
 
 
 _log = logging.getLogger("ipybox.mcp_server")
