@@ -56,12 +56,14 @@ fi
 
 if [ -d .venv ]; then
   say "checking .venv against uv.lock"
+  progress=--quiet
 else
-  say "creating .venv from uv.lock (the first time downloads ~190 packages: a minute or two)"
+  say "creating .venv from uv.lock (the first time downloads ~190 packages: a minute or two, more on a busy machine)"
+  progress=  # uv says what it did at each stage (resolve, download, install, compile), minutes apart
 fi
 # Bytecode is compiled now because the sandboxed kernel sees the venv read-only and would otherwise
 # compile IPython & co. from source on every start (~0.3 s each time).
-"${uv[@]}" sync --frozen --quiet --compile-bytecode --all-extras
+"${uv[@]}" sync --frozen $progress --compile-bytecode --all-extras
 .venv/bin/python -m compileall -q ipybox_kernel >/dev/null
 
 if $test_servers; then

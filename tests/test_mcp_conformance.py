@@ -64,7 +64,12 @@ FAILING = {
     "elicitation-sep1034-client-defaults": "ipybox's client answers no elicitation yet",
 }
 
-pytestmark = pytest.mark.skipif(not NODE.exists() or not SUITE.exists(), reason="run scripts/setup.sh (npm ci)")
+# A test waits for its own scenario, which the pool starts before the scenarios of later tests: at most
+# one scenario's run (the runner's timeout, and the minute the subprocess is given beyond it).
+pytestmark = [
+    pytest.mark.skipif(not NODE.exists() or not SUITE.exists(), reason="run scripts/setup.sh (npm ci)"),
+    pytest.mark.timeout(TIMEOUT_MS / 1000 + 120),
+]
 
 
 # Scenarios run this many at a time: each is mostly process start-up (node, Python, a kernel) and
@@ -95,13 +100,17 @@ def run_scenario(scenario: str, out: Path) -> tuple[bool, int, int, int, str]:
 def outcomes(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Future[Any]]]:
-    """Every selected scenario, started at once on a bounded pool; each test waits for its own."""
-    selected: list[str] = sorted(
-        {
+    """Every selected scenario, started at once on a bounded pool; each test waits for its own.
+
+    Submitted in the order the tests run, so that the first test does not wait behind scenarios whose
+    tests come later (in name order it waited for 20 of them and ran out of time under load).
+    """
+    selected: list[str] = list(
+        dict.fromkeys(
             str(item.callspec.params["scenario"])
             for item in request.session.items
             if isinstance(item, pytest.Function) and item.module is sys.modules[__name__]
-        }
+        )
     )
     with ThreadPoolExecutor(CONCURRENT) as pool:
         futures = {

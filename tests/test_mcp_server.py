@@ -33,6 +33,7 @@ from mcp import Client, StdioServerParameters, types
 from mcp.client.context import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.streamable_http import EventMessage
+from mcp.shared.exceptions import MCPError
 from mcp_types import JSONRPCNotification
 from memory_support import reset_resident_peak, resident, resident_peak
 from network_support import serving
@@ -531,8 +532,8 @@ async def test_http_sessions_are_isolated_and_a_closed_session_leaves_no_kernel_
         async with httpx2.AsyncClient() as anonymous:
             refused = await anonymous.post(server.url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
             assert refused.status_code == 401
-            assert "send the header 'Authorization: Bearer <token>'" in refused.json()["error"]
-            assert "IPYBOX_MCP_TOKEN" in refused.json()["error"]
+            assert "send the header 'Authorization: Bearer <token>'" in refused.json()["error"]["message"]
+            assert "IPYBOX_MCP_TOKEN" in refused.json()["error"]["message"]
 
         user = Elicitor()
         with anyio.fail_after(START_TIMEOUT * 2):
@@ -648,6 +649,42 @@ def test_http_beyond_loopback_without_a_token_is_refused_and_names_the_variable(
         )
         assert run.returncode == 2, run.stderr
         assert "IPYBOX_MCP_TOKEN" in run.stderr and "without a bearer token" in run.stderr, run.stderr
+
+
+def _innermost(error: BaseException) -> BaseException:
+    """The one exception inside nested groups of one (what the SDK's task groups wrap it in)."""
+    inner: list[BaseException] = list(getattr(error, "exceptions", ()))
+    return _innermost(inner[0]) if len(inner) == 1 else error
+
+
+async def test_an_sdk_client_with_a_wrong_or_no_token_is_told_which_file_holds_the_token_and_how_to_choose_one(
+    tmp_path: Path,
+) -> None:
+    async with _http_ipybox(tmp_path, token=None) as server:
+        token_file = (await server.wait_stderr(_TOKEN_FILE)).split(_TOKEN_FILE, 1)[1].split(" ", 1)[0]
+        for headers, reason in (
+            ({}, "no Authorization header"),
+            ({"Authorization": "Bearer guessed"}, "wrong bearer token"),
+        ):
+            async with httpx2.AsyncClient(headers=headers, timeout=START_TIMEOUT) as http:
+                # The real SDK client over real HTTP, as a user writes it (its default mode probes first).
+                with pytest.raises(BaseException) as raised, anyio.fail_after(START_TIMEOUT):
+                    async with Client(streamable_http_client(server.url, http_client=http)):
+                        pass
+            error = _innermost(raised.value)
+            assert isinstance(error, MCPError), repr(raised.value)
+            assert str(error).startswith(f"ipybox MCP server: {reason}; the token is in {token_file} "), str(error)
+            assert "IPYBOX_MCP_TOKEN=<token>" in str(error) and "--bearer-token" in str(error)
+            assert "send the header 'Authorization: Bearer <token>'" in str(error)
+            # Clients that read the challenge (RFC 6750) find the same advice there.
+            async with httpx2.AsyncClient(headers=headers, timeout=START_TIMEOUT) as http:
+                challenge = (await http.post(server.url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})).headers[
+                    "www-authenticate"
+                ]
+            assert challenge.startswith('Bearer realm="ipybox"')
+            assert (token_file in challenge) == (reason == "wrong bearer token"), challenge
+    # The refusal named the file, never the token.
+    assert server.token not in str(error)
 
 
 async def test_http_without_a_token_makes_one_up_so_a_local_process_can_neither_register_a_command_nor_run_code(

@@ -1,7 +1,10 @@
-"""The Claude Code plugin as a user installs it from a clone, with the real Claude Code CLI, offline.
+"""The Claude Code plugin as a user installs it, with the real Claude Code CLI, offline: from a clone's
+directory, and from the repository's git URL.
 
-The marketplace is a copy of this repository; Claude Code copies the plugin directory (with the
-package its symlinks point to) and runs its server with uv from uv.lock, so ipybox comes from this
+The marketplace is a copy of this repository, as a directory or served over git's smart HTTP on
+127.0.0.1 (what `claude plugin marketplace add https://github.com/....git` talks to; the CLI refuses
+file:// URLs there). Claude Code runs the plugin from the directory, or from its copy of the plugin
+directory (with the package its symlinks point to), with uv from uv.lock, so ipybox comes from this
 source and nothing from the package index (uv runs offline, on the cache setup.sh filled).
 """
 
@@ -13,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from install_support import REPO, copy_of_the_repository
+from servers.git_http import git_over_http
 
 import ipybox
 
@@ -41,8 +45,9 @@ def _claude(args: list[str], cwd: Path, env: dict[str, str], timeout: float = CO
 
 
 @pytest.mark.skipif(not CLAUDE.exists(), reason="node_modules is absent; run `bash scripts/setup.sh --test-servers`")
+@pytest.mark.parametrize("source", ["directory", "git URL"])
 def test_the_plugin_installed_from_a_clone_connects_and_runs_the_clones_ipybox_without_the_package_index(
-    tmp_path: Path,
+    source: str, tmp_path: Path
 ) -> None:
     clone = copy_of_the_repository(tmp_path / "ipybox")
     home, project = tmp_path / "home", tmp_path / "project"
@@ -66,7 +71,11 @@ def test_the_plugin_installed_from_a_clone_connects_and_runs_the_clones_ipybox_w
 
     assert "Validation passed" in _claude(["plugin", "validate", str(clone / "plugin")], project, env)
     assert "Validation passed" in _claude(["plugin", "validate", str(clone)], project, env)
-    _claude(["plugin", "marketplace", "add", str(clone)], project, env)
+    if source == "directory":
+        _claude(["plugin", "marketplace", "add", str(clone)], project, env)
+    else:
+        with git_over_http(clone, "ipybox") as url:
+            _claude(["plugin", "marketplace", "add", url], project, env)
     _claude(["plugin", "install", "ipybox@ipybox"], project, env)
     listed = _claude(["mcp", "list"], project, env, timeout=FIRST_START_TIMEOUT)
     (line,) = [line for line in listed.splitlines() if line.startswith("plugin:ipybox:ipybox:")]
@@ -76,6 +85,7 @@ def test_the_plugin_installed_from_a_clone_connects_and_runs_the_clones_ipybox_w
     # the plugin's directory, version 1.0.0.dev0, which the package index has never had.
     # (Claude Code runs a plugin from a directory marketplace in place, and one from a git URL from its copy.)
     made = [*clone.glob("plugin/.venv"), *home.glob(".claude/plugins/cache/ipybox/ipybox/*/.venv")]
+    assert made[0].is_relative_to(clone if source == "directory" else home), made
     (venv,) = made
     shown = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import ipybox; print(ipybox.__version__, ipybox.__file__)"],

@@ -22,6 +22,9 @@ FRAGMENT = "# fragment:"
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # A script: generate the example server's tools, start a sandboxed kernel, run a code action or two.
 RUN_TIMEOUT = 300.0
+# pytest-timeout's default (120 s) is shorter than a script may take on a busy machine (a snippet took
+# 121 s at load 19): the script's own timeout is the budget, with a minute to report it.
+pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 60)
 # Which test model stands in for a snippet's MODEL, by the framework the snippet imports.
 TEST_MODELS = {
     "from langchain": "langchain_model",

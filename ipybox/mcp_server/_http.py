@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import secrets
 import socket
 import stat
@@ -38,11 +39,38 @@ from ._server import build_server
 __all__ = ("main", "run_parsed", "serve")
 
 
-_UNAUTHORIZED = (
-    f"missing or wrong bearer token: send the header 'Authorization: Bearer <token>' with every request, "
-    f"<token> being the one this server was started with ({TOKEN_ENV} or --bearer-token), or the one it "
-    f"wrote to the file it named when it started"
-)
+# A refused client is told what to do in the body, as a JSON-RPC error: the MCP SDK's client raises a
+# JSON-RPC error body's message as it is, where it turns any other 401 into "Server returned an error
+# response". Code -32001 is the one the MCP SDKs use for a failed authentication.
+_UNAUTHORIZED_CODE = -32001
+# The characters an RFC 6750 error_description may hold; anything else in a path becomes '?'.
+_DESCRIPTION_CHARACTERS = re.compile(r"[^\x20\x21\x23-\x5b\x5d-\x7e]")
+
+
+def _token_help(token_file: Path | None) -> str:
+    """What a client refused for its token must do: where the token is, and how to choose one."""
+    header = "send the header 'Authorization: Bearer <token>' with every request"
+    if token_file is None:
+        return f"{header}, <token> being the one this server was started with ({TOKEN_ENV} or --bearer-token)"
+    return (
+        f"the token is in {token_file} (new at each start; to keep one, start the server with "
+        f"{TOKEN_ENV}=<token> or --bearer-token <token>); {header}"
+    )
+
+
+def _unauthorized_response(reason: str, advice: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """The headers and body of the 401 answer to a request refused for ``reason``."""
+    message = f"ipybox MCP server: {reason}; {advice}"
+    challenge = 'Bearer realm="ipybox"'
+    if reason != "no Authorization header":  # RFC 6750: a request that sent no credentials gets no error code
+        description = _DESCRIPTION_CHARACTERS.sub("?", message)
+        challenge += f', error="invalid_token", error_description="{description}"'
+    # The message first and no spaces: Claude Code shows the body's first ~300 characters.
+    body = {"error": {"message": message, "code": _UNAUTHORIZED_CODE}, "id": None, "jsonrpc": "2.0"}
+    headers = [(b"content-type", b"application/json"), (b"www-authenticate", challenge.encode())]
+    return headers, json.dumps(body, separators=(",", ":")).encode()
+
+
 _log = logging.getLogger("ipybox.mcp_server")
 # A refused client is logged once, then at most once per this many seconds with how many more it sent:
 # a client retrying in a loop (or a local process guessing tokens) must not flood the log.
@@ -84,8 +112,15 @@ def _bearer_refusal(given: bytes | None, expected: bytes) -> str | None:
     return "wrong bearer token"
 
 
-def _guard(app: ASGIApp, token: str | None, security: TransportSecuritySettings) -> ASGIApp:
-    """``app`` behind the checks of every HTTP request: Host and Origin (DNS rebinding), then the token."""
+def _guard(
+    app: ASGIApp, token: str | None, security: TransportSecuritySettings, token_file: Path | None = None
+) -> ASGIApp:
+    """``app`` behind the checks of every HTTP request: Host and Origin (DNS rebinding), then the token.
+
+    A request refused for its token is answered with what to do, naming ``token_file`` (where a token the
+    server made up is) if given.
+    """
+    advice = _token_help(token_file)
     expected = f"Bearer {token}".encode() if token is not None else b""
     headers_check = TransportSecurityMiddleware(security)
     refusals = _Refusals()
@@ -108,14 +143,8 @@ def _guard(app: ASGIApp, token: str | None, security: TransportSecuritySettings)
                 reason = _bearer_refusal(given, expected)
                 if reason is not None:
                     refusals.log(scope, reason)
-                    body = json.dumps({"error": _UNAUTHORIZED}).encode()
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": 401,
-                            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
-                        }
-                    )
+                    response_headers, body = _unauthorized_response(reason, advice)
+                    await send({"type": "http.response.start", "status": 401, "headers": response_headers})
                     await send({"type": "http.response.body", "body": body})
                     return
         await app(scope, receive, send)
@@ -205,7 +234,6 @@ async def serve(
         event_store=BoundedEventStore(),
         retry_interval=RETRY_MS,
     )
-    app = _guard(app, token, security)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -214,6 +242,9 @@ async def serve(
     # client that reads the announcement first would be refused. Connections wait in the backlog instead.
     sock.listen(2048)
     bound = sock.getsockname()[1]
+    # Known before the guard is made: a client refused for its token is told which file holds the token.
+    made_up_file = runtime_dir() / f"mcp-{bound}.token" if made_up else None
+    app = _guard(app, token, security, made_up_file)
     token_file: Path | None = None
 
     def forget_token() -> None:
@@ -231,8 +262,8 @@ async def serve(
 
     uv = Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     try:
-        if made_up and token is not None:
-            token_file = runtime_dir() / f"mcp-{bound}.token"
+        if made_up_file is not None and token is not None:
+            token_file = made_up_file
             _write_token(token_file, token)
             print(
                 f"ipybox MCP server: its bearer token is in {token_file} (readable only by you); clients send "
