@@ -390,7 +390,7 @@ class CodeExecutor:
     async def _run(self, kernel: KernelHandle, driver: ExecutionDriver) -> None:
         msg_id = kernel.new_msg_id()
         try:
-            with self._gate.running(driver, msg_id, kernel):
+            async with self._gate.running(driver, msg_id, kernel):
                 await run_execution(
                     kernel,
                     driver,

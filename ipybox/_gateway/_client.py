@@ -127,6 +127,10 @@ class RemoteKernel:
         """None: the gateway's machine is out of the host's sight."""
         return None
 
+    def live_tasks(self) -> None:
+        """None: the gateway's machine is out of the host's sight."""
+        return None
+
     async def execute(
         self, code: str, *, msg_id: str | None = None, silent: bool = False
     ) -> AsyncGenerator[KernelEvent]:
