@@ -5,13 +5,11 @@ test sees what reached the server.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anyio
 import mcp_types as types
-from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
+from approval_text_server import serve  # run as a script: its directory is on sys.path
 
 # Backtracking regexes: exponential in the length of a text of "a"s that ends in a mismatch.
 REDOS = "^(a+)+$"
@@ -56,20 +54,5 @@ def tools() -> list[types.Tool]:
     return [types.Tool.model_validate({"name": name, "inputSchema": schema}) for name, schema in schemas.items()]
 
 
-async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-    return types.ListToolsResult(tools=tools())
-
-
-async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-    text = json.dumps({"tool": params.name, "arguments": params.arguments or {}}, sort_keys=True)
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
-
-
-async def main() -> None:
-    server: Server[Any] = Server("hostile-schemas", on_list_tools=list_tools, on_call_tool=call_tool)
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
-
-
 if __name__ == "__main__":
-    anyio.run(main)
+    anyio.run(serve, "hostile-schemas", tools)
