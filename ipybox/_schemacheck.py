@@ -1,7 +1,10 @@
-"""Checking a tool call's argument values against the tool's input schema, safely for the host.
+"""Checking a tool call's arguments (and a tool's structured result) against the tool's schema, safely
+for the host.
 
-The schema comes from an MCP server (a remote one is untrusted) and the arguments from kernel code:
-either may be built to make the check hang or crash the host. So the check is bounded:
+The schema comes from an MCP server (a remote one is untrusted) and the arguments from kernel code
+(the result from the server): either may be built to make the check hang or crash the host. The
+MCP SDK's own check of results runs Python's ``re`` on the server's patterns in the host's event
+loop, so ipybox's sessions check results here instead (``ipybox._mcp``). So the check is bounded:
 
 - a schema larger than `MAX_SCHEMA_CHARS` of JSON or nested deeper than `MAX_SCHEMA_DEPTH` is not
   used: the call is refused, saying why;
@@ -32,7 +35,7 @@ import jsonschema.validators
 import re2
 import referencing.exceptions
 
-__all__ = ("MAX_SCHEMA_CHARS", "MAX_SCHEMA_DEPTH", "MAX_STEPS", "regex_search", "value_problem")
+__all__ = ("MAX_SCHEMA_CHARS", "MAX_SCHEMA_DEPTH", "MAX_STEPS", "regex_search", "schema_problem", "value_problem")
 
 MAX_SCHEMA_CHARS = 1_000_000
 MAX_SCHEMA_DEPTH = 64
@@ -167,11 +170,17 @@ def _too_big(schema: Mapping[str, Any]) -> str | None:
 
 
 def value_problem(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
-    """Why ``arguments`` do not fit ``schema`` (what the kernel code is told), or None when they fit
-    or the schema gives no certain answer (an invalid schema, a ``$ref`` it cannot resolve)."""
+    """Why ``arguments`` do not fit the tool's input ``schema`` (what the kernel code is told), or None
+    when they fit or the schema gives no certain answer (an invalid schema, a ``$ref`` it cannot resolve)."""
+    return schema_problem(schema, dict(arguments), "input", "the arguments")
+
+
+def schema_problem(schema: Mapping[str, Any], instance: object, which: str, what: str) -> str | None:
+    """Why ``instance`` (``what``, e.g. "the arguments") does not fit the tool's ``which`` ("input",
+    "output") ``schema``, within the bounds above; None when it fits or the schema gives no certain answer."""
     too_big = _too_big(schema)
     if too_big is not None:
-        return f"the tool's input schema is too large for ipybox to check the arguments against ({too_big})"
+        return f"the tool's {which} schema is too large for ipybox to check {what} against ({too_big})"
     try:
         base: Any = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         base.check_schema(dict(schema))
@@ -180,11 +189,11 @@ def value_problem(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> st
     validator = _safe_validator(base)(schema)
     token = _steps.set([0, time.monotonic() + MAX_SECONDS])
     try:
-        error: Any = _jsonschema.exceptions.best_match(validator.iter_errors(dict(arguments)))
+        error: Any = _jsonschema.exceptions.best_match(validator.iter_errors(instance))
     except (_TooCostly, RecursionError):
         return (
-            "checking the arguments against the tool's input schema took more than ipybox allows "
-            f"({MAX_STEPS:,} steps or {MAX_SECONDS:g} s); simplify the arguments"
+            f"checking {what} against the tool's {which} schema took more than ipybox allows "
+            f"({MAX_STEPS:,} steps or {MAX_SECONDS:g} s)"
         )
     except (referencing.exceptions.Unresolvable, jsonschema.exceptions.SchemaError):
         return None
@@ -193,7 +202,7 @@ def value_problem(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> st
     if error is None:
         return None
     parts: list[object] = list(cast("list[object]", error.absolute_path))
-    where = "".join(f"[{json.dumps(part)}]" for part in parts) or "the arguments"
+    where = "".join(f"[{json.dumps(part)}]" for part in parts) or what
     message = str(cast("object", error.message))
     if len(message) > _MESSAGE_CHARS:
         message = f"{message[:_MESSAGE_CHARS]}... ({len(message) - _MESSAGE_CHARS:,} more characters)"

@@ -36,14 +36,19 @@ def tools() -> list[types.Tool]:
 
 
 async def serve(name: str, listed: Callable[[], list[types.Tool]]) -> None:
-    """Serve ``listed`` tools over stdio, each answering with its arguments as JSON."""
+    """Serve ``listed`` tools over stdio, each answering with its arguments as JSON (and as its
+    structured content, when it lists an output schema)."""
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=listed())
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         text = json.dumps({"tool": params.name, "arguments": params.arguments or {}}, sort_keys=True)
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+        structured = any(tool.name == params.name and tool.output_schema for tool in listed())
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)],
+            structured_content=dict(params.arguments or {}) if structured else None,
+        )
 
     server: Server[Any] = Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
     async with stdio_server() as (read, write):

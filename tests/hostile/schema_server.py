@@ -51,7 +51,14 @@ def tools() -> list[types.Tool]:
         "self_ref": {"$ref": "#", "type": "object"},
         "remote_ref": {"type": "object", "properties": {"x": {"$ref": "http://127.0.0.1:9/schema.json"}}},
     }
-    return [types.Tool.model_validate({"name": name, "inputSchema": schema}) for name, schema in schemas.items()]
+    redos_output = {"type": "object", "properties": {"s": {"type": "string", "pattern": REDOS}}}
+    return [
+        *(types.Tool.model_validate({"name": name, "inputSchema": schema}) for name, schema in schemas.items()),
+        # Echoes its arguments as its structured result, which the host checks against this schema.
+        types.Tool.model_validate(
+            {"name": "redos_output", "inputSchema": {"type": "object"}, "outputSchema": redos_output}
+        ),
+    ]
 
 
 if __name__ == "__main__":

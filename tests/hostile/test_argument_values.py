@@ -45,6 +45,7 @@ CALLS: list[tuple[str, dict[str, object], str | None]] = [
     ("deep", {}, "nested deeper than ipybox's limit"),
     ("huge", {}, "over ipybox's limit"),
     ("remote_ref", {"x": 1}, None),  # a $ref ipybox does not fetch: left to the server
+    ("redos_output", {"s": "aaaa"}, None),
 ]
 
 CODE = """
@@ -103,3 +104,16 @@ async def test_values_that_do_not_fit_the_schema_and_hostile_schemas_are_refused
     loose = next(r for r in requests if r.tool_name == "redos_loose")
     assert loose.undeclared_args == (LONG,)
     assert "[UNDECLARED" in loose.description
+
+
+async def test_a_structured_result_built_for_a_catastrophic_output_pattern_is_refused_without_hanging_the_host(
+    ex: CodeExecutor,
+) -> None:
+    # The server lists an output schema with a backtracking pattern and returns a text built for it;
+    # the MCP SDK's own check (Python's re, in the host's event loop) would never finish.
+    code = CODE.format(calls=json.dumps([["redos_output", {"s": LONG}], ["redos_output", {"s": "aa"}]]))
+    requests, result = await accept_all(ex, code)
+    refused, fine = (json.loads(line) for line in result.text.splitlines())
+    assert refused[0] == "ToolExecutionError" and "does not match the pattern" in refused[1], refused
+    assert fine == ["ran", "redos_output"]
+    assert [r.tool_name for r in requests] == ["redos_output", "redos_output"]
