@@ -64,12 +64,17 @@ class LeftRunning:
             self._baseline = tasks
             return None
         left = tasks - self._baseline
-        first, wait, waited = left, _FIRST_WAIT, 0.0
-        while left and steady and left <= first and waited < _GRACE:
+        wait, waited = _FIRST_WAIT, 0.0
+        # Wait only while some of them go away (threads still exiting); ones that stay, or new ones, count now.
+        while left and steady and waited < _GRACE:
             await anyio.sleep(wait)
             waited, wait = waited + wait, wait * 2
             tasks, steady = await anyio.to_thread.run_sync(self._steady_walk)
-            left = (tasks or frozenset()) - self._baseline
+            now = (tasks or frozenset()) - self._baseline
+            if now == left or not now <= left:
+                left = now
+                break
+            left = now
         if not left and steady:
             self._born_in.clear()
             return None
