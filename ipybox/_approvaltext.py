@@ -27,10 +27,13 @@ import unicodedata
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
+from ._schemacheck import regex_search
+
 if TYPE_CHECKING:
     from ._approval import ApprovalRequest
 
 __all__ = (
+    "LEFT_RUNNING_WARNING",
     "VALUE_CHARS",
     "WHOLE_IN_REQUEST",
     "escape",
@@ -44,6 +47,8 @@ __all__ = (
 # Characters of one argument value shown in the SDK's text; the whole is in the request's data.
 VALUE_CHARS = 4_000
 WHOLE_IN_REQUEST = "the whole arguments are in ApprovalRequest.tool_args (an adapter's approval payload: 'args')"
+# Opens the host's statement that code of an earlier code action may have made the request.
+LEFT_RUNNING_WARNING = "WARNING, ORIGIN UNCERTAIN:"
 # The tool whose code argument is shown whole, as a block: a skill is code that later runs unasked.
 SKILL_TOOL = ("ipybox", "save_skill")
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Co", "Cs", "Cn"})
@@ -139,6 +144,9 @@ def request_text(
     from .network._request import NetworkRequest  # imports this module
 
     lines = [request.headline]
+    if request.left_running is not None:
+        # Host-written, not kernel data: shown as it is, right under what will run.
+        lines.append(f"{LEFT_RUNNING_WARNING} {request.left_running}")
     hints = ", ".join(f"{shown_name(str(k))}={safe_json(v)}" for k, v in (request.annotations or {}).items())
     if hints:
         lines.append(f"Tool hints (from the MCP server, not guarantees): {hints}")
@@ -212,11 +220,10 @@ def _declared(schema: Mapping[str, Any], key: str) -> bool:
     patterns: object = schema.get("patternProperties")
     if isinstance(patterns, Mapping):
         for pattern in cast("Mapping[object, object]", patterns):
-            try:
-                if re.search(str(pattern), key):
-                    return True
-            except re.error:
-                return True  # a pattern Python cannot read may well match
+            # RE2, linear in the key: the pattern is the server's, the key the kernel's. A pattern
+            # RE2 cannot read may well match.
+            if regex_search(str(pattern), key) is not False:
+                return True
     for word in ("allOf", "anyOf", "oneOf"):
         parts: object = schema.get(word)
         if isinstance(parts, list):

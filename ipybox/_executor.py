@@ -37,6 +37,7 @@ from ._packages import install_package
 from ._pool import KernelPool
 from ._running import run_execution
 from ._supervisor import KernelSupervisor
+from ._tokenstore import FileTokenStore, refuse_token_dir_in
 from ._toolserver._server import ToolServer
 from ._workspace import copy_file, write_file
 from .network._policy import Network
@@ -201,6 +202,9 @@ class CodeExecutor:
             check_bytecode()
         listeners = await side.begin(stack)
         assert side.home is not None
+        if self.sandbox is not None:
+            visible = [side.workspace, *self.sandbox.ro_paths, *self.sandbox.rw_paths]
+            refuse_token_dir_in(self._oauth.store if self._oauth is not None else FileTokenStore(), visible)
         self._tools = ToolServer(
             socket_path=side.home / "tools.sock",
             token=side.token,
@@ -390,7 +394,7 @@ class CodeExecutor:
     async def _run(self, kernel: KernelHandle, driver: ExecutionDriver) -> None:
         msg_id = kernel.new_msg_id()
         try:
-            with self._gate.running(driver, msg_id, kernel):
+            async with self._gate.running(driver, msg_id, kernel):
                 await run_execution(
                     kernel,
                     driver,

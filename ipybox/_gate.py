@@ -17,12 +17,14 @@ the earlier code action and the fix (SECURITY.md, "Attribution of requests").
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 from ._approval import Approval, ApprovalDecision, ApprovalRequest, decide_by_policy
 from ._execution import ExecutionDriver
+from ._kernel import KernelHandle
+from ._leftrunning import LeftRunning
 from ._toolserver._channel import ToolRequest
 from .network._request import NetworkRequest, network_request_fields
 
@@ -58,22 +60,29 @@ class ApprovalGate:
         self._kernel: object = None
         self._earlier: list[tuple[Approval, str]] = []
         self._warned: str | None = None
+        # The threads and processes earlier executions left in the kernel, seen by the host; and
+        # what the running execution's requests say about them (ApprovalRequest.left_running).
+        self._left: LeftRunning | None = None
+        self._left_running: str | None = None
 
-    @contextmanager
-    def running(self, driver: ExecutionDriver, msg_id: str, kernel: object) -> Generator[None]:
+    @asynccontextmanager
+    async def running(self, driver: ExecutionDriver, msg_id: str, kernel: KernelHandle) -> AsyncGenerator[None]:
         """Route requests to ``driver``'s execution while the block runs (the kernel's ``msg_id``).
 
         ``kernel`` is the kernel it runs in: what earlier executions left behind lives as long as
-        that kernel does, and no longer.
+        that kernel does, and no longer. Before the block, the host looks for threads and processes
+        of earlier executions still alive in it (ipybox._leftrunning).
         """
-        if kernel is not self._kernel:
-            self._kernel, self._earlier = kernel, []
+        if kernel is not self._kernel or self._left is None:
+            self._kernel, self._earlier, self._left = kernel, [], LeftRunning(kernel.live_tasks)
+        self._left_running = await self._left.begin()
         self._driver, self._msg_id = driver, msg_id
         began = self._policy_of(driver)
         try:
             yield
         finally:
-            self._driver = self._msg_id = None
+            self._driver = self._msg_id = self._left_running = None
+            self._left.end(driver.execution.id)
             # Both: the executor's policy may have been changed while it ran.
             self._remember(began, driver.execution.id)
             self._remember(self._policy_of(driver), driver.execution.id)
@@ -106,6 +115,7 @@ class ApprovalGate:
             server=server,
             annotations=annotations,
             input_schema=input_schema,
+            left_running=self._left_running,
         )
         return await self._decide(driver, request, after_mark=call.mark)
 
@@ -118,13 +128,19 @@ class ApprovalGate:
         if unknown is not None:
             return unknown
         fields = network_request_fields(host, port)
-        request = driver.new_request(NetworkRequest, **fields, execution_id=execution_id)
+        request = driver.new_request(
+            NetworkRequest, **fields, execution_id=execution_id, left_running=self._left_running
+        )
         return await self._decide(driver, request)
 
     async def _decide(
         self, driver: ExecutionDriver, request: ApprovalRequest, *, after_mark: int | None = None
     ) -> ApprovalDecision:
         decision = await decide_by_policy(self._policy_of(driver), request)
+        if decision is not None and request.left_running is not None:
+            # The same policy decided the earlier code's requests (else _origin_unknown refused this
+            # one): it decides this one as it would have decided that code's. Logged, since no one saw it.
+            logger.info("%s decided by policy (approved=%s) while %s", request, decision.approved, request.left_running)
         if decision is None:
             # Shown to the application: after what the code printed before the call (ipybox._marks).
             return await driver.ask(request, self._timeout, after_mark=after_mark)

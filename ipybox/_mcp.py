@@ -366,11 +366,12 @@ async def open_session(
     # Imported here: the server parameters above are also read by `ipybox --help`, `ipybox stubs` and
     # the manifest, which should not pay ~0.6 s for the MCP client stack they never use.
     import httpx2
-    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp import StdioServerParameters, stdio_client
     from mcp.client.sse import sse_client
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared.exceptions import MCPError
 
+    from ._boundedsession import BoundedClientSession
     from ._oauth import OAuth, pausable_deadline
 
     resolved = resolve_placeholders(params)
@@ -423,7 +424,7 @@ async def open_session(
                     read, write = await stack.enter_async_context(
                         streamable_http_client(resolved.url, http_client=client)
                     )
-            session = await stack.enter_async_context(ClientSession(read, write, client_info=client_info()))
+            session = await stack.enter_async_context(BoundedClientSession(read, write, client_info=client_info()))
             if refusals is not None:
                 _REFUSALS[session] = refusals
             mark = refusals.mark() if refusals is not None else mark

@@ -14,14 +14,14 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ._exceptions import UsageError
 from ._privatefile import replace_private_file
 
-__all__ = ("FileTokenStore", "TokenStore", "default_token_dir")
+__all__ = ("FileTokenStore", "TokenStore", "default_token_dir", "refuse_token_dir_in")
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _PRIVATE = 0o077
@@ -180,3 +180,30 @@ class FileTokenStore:
 def _file_name(url: str) -> str:
     # A digest, not the URL: a file name from a URL could hold '/' or '..'.
     return hashlib.sha256(url.encode("utf-8")).hexdigest()[:40] + ".json"
+
+
+def refuse_token_dir_in(store: TokenStore, visible: Sequence[Path | str]) -> None:
+    """Refuse a sandbox that would mount the token store's directory, or ipybox's data directory
+    (the MCP server's token files), into the kernel: a workspace or sandbox path that contains it.
+
+    The kernel could read every token there (it runs as the host's user), or plant a record of its
+    own for a server URL (its files pass every check of `FileTokenStore`). A mount over the
+    directory would not do: kernel code can rename a writable parent away and the host would then
+    write new tokens where the kernel reads them.
+
+    Raises:
+        UsageError: Naming the path and the fix.
+    """
+    private = [default_token_dir().parent]
+    if isinstance(store, FileTokenStore):
+        private.append(store.directory)
+    for path in visible:
+        shown = os.path.realpath(path)
+        for directory in private:
+            if Path(os.path.realpath(directory)).is_relative_to(shown):
+                raise UsageError(
+                    f"the kernel would see {str(directory)!r} (OAuth tokens and server tokens of ipybox, kept from "
+                    f"kernel code) through {str(path)!r}, which the sandbox mounts: use a workspace and sandbox "
+                    "paths that do not contain it, or give OAuth(store=FileTokenStore(directory=...)) elsewhere "
+                    "and set XDG_DATA_HOME"
+                )

@@ -82,7 +82,7 @@ ErrorKind = Literal[
     "unauthorized",  # missing or wrong token; the connection is closed
     "unknown_server",  # no server of that name is registered
     "unknown_tool",  # the server has no tool of that name
-    "invalid_arguments",  # the tool's input schema forbids a key of the arguments; nobody was asked
+    "invalid_arguments",  # the arguments do not fit the tool's input schema (a key or a value); nobody was asked
     "rejected",  # the application did not approve the call
     "approval_failed",  # approving the call failed on the host; the call was not made
     "server_start",  # the MCP server could not be started or connected to

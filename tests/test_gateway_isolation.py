@@ -10,6 +10,7 @@ transport) the same attack finds nothing and the kernel starts.
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,6 +112,20 @@ async def test_with_the_sandboxed_kernelspec_the_attack_finds_nothing_and_kernel
 ) -> None:
     kernel = _kernel(sandboxed_gateway, kernel_name=SANDBOXED)
     timeouts = Timeouts(start=patient(START_TIMEOUT))
+    # A root-only secret in /etc (the gateway runs as root here, so its kernels read as root).
+    planted = Path(f"/etc/ipybox-gateway-secret-{secrets.token_hex(4)}")
+    planted.write_text("gateway-secret")
+    planted.chmod(0o600)
+    try:
+        await _attack_sandboxed(sandboxed_gateway, kernel, timeouts, tmp_path, planted)
+    finally:
+        planted.unlink()
+    assert sandboxed_gateway.kernel_ids() == []
+
+
+async def _attack_sandboxed(
+    sandboxed_gateway: Gateway, kernel: GatewayKernel, timeouts: Timeouts, tmp_path: Path, planted: Path
+) -> None:
     with anyio.fail_after(timeouts.start * 4):
         async with CodeExecutor(workspace=tmp_path, tools_dir=None, kernel=kernel, timeouts=timeouts) as victim:
             await victim.execute("secret = 'victim-42'")
@@ -125,12 +140,14 @@ async def test_with_the_sandboxed_kernelspec_the_attack_finds_nothing_and_kernel
                 )
                 # Its own processes only (the sandbox's init and the kernel), no token variable, no runtime dir.
                 assert looked.text == "['1', '2'] [] ['ipybox']\n", looked.text
+                # /etc's secrets are empty: the shadow file and what is readable by root alone.
+                read = await attacker.execute(f"print([len(open(p).read()) for p in ('/etc/shadow', '{planted}')])")
+                assert read.text == "[0, 0]\n", read.text
             # Interrupts are messages to a kernel in a session of its own: a timeout keeps the kernel's state.
             with pytest.raises(ExecutionTimeout) as timed_out:
                 await victim.execute("import threading\nthreading.Event().wait()", timeout=2)
             assert not timed_out.value.restarted
             assert (await victim.execute("print(secret)")).text == "victim-42\n"
-    assert sandboxed_gateway.kernel_ids() == []
 
 
 def cast_list(value: object) -> list[object]:

@@ -132,6 +132,10 @@ class RemoteKernel:
         """None: the gateway's machine is out of the host's sight."""
         return None
 
+    def live_tasks(self) -> None:
+        """None: the gateway's machine is out of the host's sight."""
+        return None
+
     def execute(self, code: str, *, msg_id: str | None = None, silent: bool = False) -> AsyncGenerator[KernelEvent]:
         """Run code and yield its events until the kernel is idle again.
 

@@ -47,6 +47,7 @@ from ._process import (
     close_fd,
     launcher_argv,
     limit_sandbox_init,
+    live_tasks,
     sandboxed_kernel_pid,
     tree_cpu_seconds,
     wait_for_exit,
@@ -298,6 +299,10 @@ class Kernel:
     def cpu_seconds(self) -> float:
         """CPU seconds used by the kernel and everything it started (the whole sandbox)."""
         return tree_cpu_seconds(self._process.pid)
+
+    def live_tasks(self) -> frozenset[tuple[int, int]]:
+        """Every live thread of the kernel and of every process it started (the whole sandbox)."""
+        return live_tasks(self._process.pid)
 
     def new_msg_id(self) -> str:
         """A fresh id for a request to this kernel (see `execute`)."""

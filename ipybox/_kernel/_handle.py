@@ -39,6 +39,11 @@ class KernelHandle(Protocol):
         where the host cannot see them (a kernel on a gateway)."""
         ...
 
+    def live_tasks(self) -> frozenset[tuple[int, int]] | None:
+        """Every live thread of the kernel and of every process it started, seen by the host as
+        (host tid, start time); None where the host cannot see them (a kernel on a gateway)."""
+        ...
+
     async def kill_and_wait(self) -> None:
         """Stop the kernel for good and wait until `exited` is set."""
         ...

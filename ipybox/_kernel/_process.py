@@ -26,6 +26,7 @@ __all__ = (
     "default_python",
     "launcher_argv",
     "limit_sandbox_init",
+    "live_tasks",
     "sandboxed_kernel_pid",
     "tree_cpu_seconds",
     "wait_for_exit",
@@ -186,6 +187,32 @@ def tree_cpu_seconds(root: int) -> float:
             with contextlib.suppress(OSError, ValueError):
                 pids += [int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
     return ticks / _CLOCK_TICKS
+
+
+def live_tasks(root: int) -> frozenset[tuple[int, int]]:
+    """Every live thread of ``root`` and of every process below it, as (host tid, start time in clock
+    ticks since boot): the pair names one thread for good, since tids are reused but never within a tick.
+
+    Zombies (exited, not yet reaped) are left out: they run nothing. Read from /proc like
+    `tree_cpu_seconds`, so a thread that starts and ends while the walk runs may be missed; callers
+    that need every thread compare two walks (see ipybox._leftrunning).
+    """
+    found: set[tuple[int, int]] = set()
+    pids = [root]
+    while pids:
+        pid = pids.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # gone meanwhile
+        for task in tasks:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+                # state, then starttime: fields 3 and 22 of proc_pid_stat(5), counted from the state.
+                if fields[0] not in ("Z", "X"):
+                    found.add((int(task), int(fields[19])))
+                pids += [int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return frozenset(found)
 
 
 def close_fd(fd: int | None) -> None:

@@ -26,6 +26,7 @@ from ipybox._approvaltext import closest_key, forbidden_keys, quote
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer, describe_server, http_refusals, open_session, parse_server_params
 from ipybox._oauth import OAuth, pausable_deadline
+from ipybox._schemacheck import value_problem
 
 from ._channel import ToolRequest, ToolResultReply
 from ._errors import ToolCallFailed, tool_errors
@@ -337,13 +338,24 @@ class Sessions:
 
 
 def check_arguments(schema: Mapping[str, Any] | None, request: ToolRequest) -> None:
-    """Refuse a call whose arguments hold a key the tool's input schema forbids, before anyone is asked.
+    """Refuse a call whose arguments the tool's input schema refuses (a key it forbids, or a value
+    that does not fit), before anyone is asked; the check is bounded (ipybox._schemacheck).
 
     Raises:
-        ToolCallFailed: ``invalid_arguments``, naming the key and the declared key closest to it.
+        ToolCallFailed: ``invalid_arguments``, naming the key and the declared key closest to it, or
+            the argument and what the schema says of it.
     """
+    if schema is None:
+        return
     forbidden = forbidden_keys(schema, request.arguments)
-    if not forbidden or schema is None:
+    if not forbidden:
+        problem = value_problem(schema, request.arguments)
+        if problem is not None:
+            raise ToolCallFailed(
+                "invalid_arguments",
+                f"the arguments of tool {quote(request.tool)} of MCP server {quote(request.server)} do not fit its "
+                f"input schema: {problem}. The call was not made.",
+            )
         return
     key = forbidden[0]
     close = closest_key(schema, key)

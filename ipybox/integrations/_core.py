@@ -232,6 +232,9 @@ class ApprovalPayload:
     arguments_checked: bool = False
     """Whether ``args`` were checked against the tool's input schema (False before the server was
     ever listed: see `ApprovalRequest.input_schema`)."""
+    left_running: str | None = None
+    """The host's statement that code left running by an earlier code action may have made this
+    request (`ApprovalRequest.left_running`; also first in ``description``)."""
 
     @classmethod
     def of(cls, request: ApprovalRequest) -> ApprovalPayload:
@@ -244,6 +247,7 @@ class ApprovalPayload:
             annotations=request.annotations,
             undeclared_args=request.undeclared_args,
             arguments_checked=request.input_schema is not None,
+            left_running=request.left_running,
         )
 
     @property
@@ -270,6 +274,8 @@ class ApprovalPayload:
         }
         if self.annotations:
             data["annotations"] = _plain(self.annotations)
+        if self.left_running is not None:
+            data["left_running"] = self.left_running
         return data
 
 

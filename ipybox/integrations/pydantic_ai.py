@@ -382,6 +382,7 @@ def pending_mcp_calls(requests: DeferredToolRequests) -> dict[str, ApprovalPaylo
             annotations=data.get("annotations"),
             undeclared_args=tuple(data.get("undeclared_args", ())),
             arguments_checked=data.get("arguments_checked") is True,
+            left_running=data.get("left_running"),
         )
     return pending
 

@@ -7,6 +7,7 @@ Every tool answers with its arguments as JSON, so a test sees exactly what reach
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -34,20 +35,25 @@ def tools() -> list[types.Tool]:
     ]
 
 
-async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-    return types.ListToolsResult(tools=tools())
+async def serve(name: str, listed: Callable[[], list[types.Tool]]) -> None:
+    """Serve ``listed`` tools over stdio, each answering with its arguments as JSON (and as its
+    structured content, when it lists an output schema)."""
 
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=listed())
 
-async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-    text = json.dumps({"tool": params.name, "arguments": params.arguments or {}}, sort_keys=True)
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        text = json.dumps({"tool": params.name, "arguments": params.arguments or {}}, sort_keys=True)
+        structured = any(tool.name == params.name and tool.output_schema for tool in listed())
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)],
+            structured_content=dict(params.arguments or {}) if structured else None,
+        )
 
-
-async def main() -> None:
-    server: Server[Any] = Server("approval-text", on_list_tools=list_tools, on_call_tool=call_tool)
+    server: Server[Any] = Server(name, on_list_tools=list_tools, on_call_tool=call_tool)
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    anyio.run(serve, "approval-text", tools)

@@ -15,7 +15,9 @@ starts the kernel so that it sees:
 - no network (a network namespace with only ``lo``). Its ZMQ sockets are unix sockets in a private
   directory bound into the sandbox; the gateway reaches them through links at the paths its
   connection file names (``<ip>-<port>``, the ``ipc`` transport's);
-- a read-only system (``/usr``, ``/etc``, the Python installation), a private ``/tmp`` as its only
+- a read-only system (``/usr``, ``/etc`` minus its secrets: the known ones, ``/etc/jupyter`` (a
+  gateway's configuration may hold its token) and whatever is not world-readable, since the kernel
+  reads as the gateway's user, root maybe), the Python installation, a private ``/tmp`` as its only
   writable place, no capabilities, no new user namespaces, a new session (no terminal).
 
 Stdlib only. Nothing of ipybox is needed on the gateway's host: the executor pushes ipybox_kernel.
@@ -27,6 +29,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -55,6 +58,35 @@ def python_mounts() -> list[str]:
     their own paths; ``/usr`` is bound anyway."""
     paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
     return [arg for path in sorted(paths) if not path.startswith("/usr/") for arg in ("--ro-bind", path, path)]
+
+
+# As ipybox's own sandbox masks them (ipybox/sandbox/_sandbox.py; this script cannot import ipybox).
+ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "security/opasswd")
+ETC_SECRET_DIRS = ("ssh", "ssl/private", "sudoers.d", "jupyter")
+
+
+def etc_masks(empty: str) -> list[str]:
+    """bwrap arguments that hide the secrets of /etc: known ones, and every file or directory that
+    is not world-readable, behind ``empty`` (an empty file) or an empty read-only tmpfs."""
+    files = [f"/etc/{name}" for name in ETC_SECRETS if os.path.isfile(f"/etc/{name}")]
+    dirs = [f"/etc/{name}" for name in ETC_SECRET_DIRS if os.path.isdir(f"/etc/{name}")]
+    pending = ["/etc"]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                (pending if info.st_mode & stat.S_IROTH else dirs).append(entry.path)
+            elif stat.S_ISREG(info.st_mode) and not info.st_mode & stat.S_IROTH:
+                files.append(entry.path)
+    masks = [arg for path in sorted(set(files)) for arg in ("--ro-bind", empty, path)]
+    return masks + [arg for path in sorted(set(dirs)) for arg in ("--tmpfs", path, "--remount-ro", path)]
 
 
 def main() -> None:
@@ -101,12 +133,14 @@ def main() -> None:
         with open(os.open(connection, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
             json.dump(inside, f)
         setenv = [arg for name, value in KERNEL_ENV.items() for arg in ("--setenv", name, value)]
+        empty = os.path.join(private, "empty")
+        os.close(os.open(empty, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444))
         argv = [
             bwrap,
             "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
             "--die-with-parent", "--new-session",
             "--ro-bind", "/usr", "/usr",
-            "--ro-bind", "/etc", "/etc",
+            "--ro-bind", "/etc", "/etc", *etc_masks(empty),
             *[arg for d in ("/bin", "/sbin", "/lib", "/lib64", "/lib32") for arg in ("--ro-bind-try", d, d)],
             *python_mounts(),
             "--proc", "/proc",
