@@ -27,6 +27,7 @@ __all__ = (
     "BENCH_SERVER",
     "EVERYTHING_SERVER",
     "Config",
+    "DirectCall",
     "Side",
     "descendants",
     "find_kernel",
@@ -63,7 +64,7 @@ class Config:
     lost_runs: int = 1000
     tool_calls: int = 100
     seq_calls: int = 200
-    seq_reps: int = 3
+    seq_reps: int = 7
     generate_reps: int = 3
     server_python: str = sys.executable
     everything_bin: str | None = None
@@ -111,6 +112,19 @@ class Side(Protocol):
     async def generate(self, server: str, params: dict[str, Any], root: Path) -> list[str]:
         """Generate typed modules for one MCP server under root/<server>/."""
         ...
+
+
+class DirectCall(Protocol):
+    """Calls ``add(i, 1)`` on the bench server straight from the host; returns whether it gave ``i + 1``."""
+
+    def __call__(self, i: int) -> Awaitable[bool]: ...
+
+
+class _DirectSession(Protocol):
+    """Optional `Side.direct_session`: a session with the bench server in the side's own process,
+    no executor in between, for the floor the kernel's tool calls are measured against."""
+
+    def __call__(self, params: dict[str, Any]) -> AbstractAsyncContextManager[DirectCall]: ...
 
 
 class _Breakdown(Protocol):
@@ -499,7 +513,33 @@ async def _tool_calls(r: _Run, ex: object) -> None:
         await r.run(ex, _IMPORT)
         r.metrics["kernel_rss_after_tool_import"] = kernel_rss("after first tool import")
 
-    with r.guard("tool_call", "tool_call_first", "tool_call_in_kernel", "tool_call_execute"):
+    opener: object = getattr(r.side, "direct_session", None)
+    if callable(opener):
+        # The floor, taking turns with the kernel's calls so that both see the same machine.
+        async with cast(_DirectSession, opener)(_server_params(r)[BENCH_SERVER]) as direct:
+            await _kernel_calls(r, ex, direct)
+    else:
+        await _kernel_calls(r, ex, None)
+
+    with r.guard("kernel_rss_after_tool_calls", "kernel_rss_after_tool_calls"):
+        r.metrics["kernel_rss_after_tool_calls"] = kernel_rss("after tool calls")
+
+    if r.cfg.everything_bin is not None:
+        await _everything_calls(r, ex)
+
+
+async def _direct_loop(direct: DirectCall, n: int) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    ok = 0
+    for i in range(n):
+        ok += await direct(i)
+    return time.perf_counter() - t0, ok
+
+
+async def _kernel_calls(r: _Run, ex: object, direct: DirectCall | None) -> None:
+    """The bench server's tool calls from the kernel; with ``direct``, each one-call cell is
+    followed by one direct call, and each 200-call cell by 200 direct calls."""
+    with r.guard("tool_call", "tool_call_first", "tool_call_in_kernel", "tool_call_execute", "direct_call"):
         # The first call starts the MCP server on the host; reported apart from the steady state.
         one = (
             "_t0 = _bench_time.perf_counter(); _r = {call}\n"
@@ -510,31 +550,44 @@ async def _tool_calls(r: _Run, ex: object) -> None:
         r.metrics["tool_call_first"] = scalar((time.perf_counter() - t0) * 1000, unit="ms")
         for i in range(r.cfg.warmup):
             await r.run(ex, one.format(call=_CALL.format(a=i), a=i))
+            if direct is not None:
+                await direct(i)
         await r.run(ex, "_bench_calls.clear(); _bench_ok.clear()")
         e2e: list[float] = []
+        floor: list[float] = []
+        direct_ok = 0
         for i in range(r.cfg.tool_calls):
             t0 = time.perf_counter()
             await r.run(ex, one.format(call=_CALL.format(a=i), a=i))
             e2e.append(time.perf_counter() - t0)
+            if direct is not None:
+                t0 = time.perf_counter()
+                direct_ok += await direct(i)
+                floor.append(time.perf_counter() - t0)
         inner: list[float] = await r.readback(ex, "_bench_calls")
         ok: list[bool] = await r.readback(ex, "_bench_ok")
         r.metrics["tool_call_in_kernel"] = summarize(inner, wrong_results=ok.count(False))
         r.metrics["tool_call_execute"] = summarize(e2e)
+        if direct is not None:
+            r.metrics["direct_call"] = summarize(floor, wrong_results=len(floor) - direct_ok)
         m = r.metrics
         _log(
             f"tool call in kernel: median {m['tool_call_in_kernel']['median']:.2f} ms (execute e2e "
             f"{m['tool_call_execute']['median']:.2f} ms), first {m['tool_call_first']['median']:.0f} ms"
         )
 
-    with r.guard("seq_calls", "seq_calls"):
+    with r.guard("seq_calls", "seq_calls", "direct_seq_calls"):
         n = r.cfg.seq_calls
         cell = (
             f"_t0 = _bench_time.perf_counter(); _ok = 0\n"
             f"for _i in range({n}):\n    _ok += {_CALL.format(a='_i')}.result == _i + 1\n"
             f"_bench_seq.append((_bench_time.perf_counter() - _t0, _ok))"
         )
+        direct_reps: list[tuple[float, int]] = []
         for _ in range(r.cfg.seq_reps):
             await r.run(ex, cell)
+            if direct is not None:
+                direct_reps.append(await _direct_loop(direct, n))
         reps: list[list[float]] = await r.readback(ex, "_bench_seq")
         rates = [n / elapsed for elapsed, _ in reps]
         r.metrics["seq_calls"] = summarize(
@@ -546,12 +599,16 @@ async def _tool_calls(r: _Run, ex: object) -> None:
             higher_is_better=True,
         )
         _log(f"{n} calls in one cell: median {r.metrics['seq_calls']['median']:.0f} calls/s")
-
-    with r.guard("kernel_rss_after_tool_calls", "kernel_rss_after_tool_calls"):
-        r.metrics["kernel_rss_after_tool_calls"] = kernel_rss("after tool calls")
-
-    if r.cfg.everything_bin is not None:
-        await _everything_calls(r, ex)
+        if direct_reps:
+            r.metrics["direct_seq_calls"] = summarize(
+                [n / elapsed for elapsed, _ in direct_reps],
+                unit="calls/s",
+                scale=1.0,
+                calls=n,
+                ok_calls=[ok for _, ok in direct_reps],
+                higher_is_better=True,
+            )
+            _log(f"{n} calls straight from the host: median {r.metrics['direct_seq_calls']['median']:.0f} calls/s")
 
 
 async def _everything_calls(r: _Run, ex: object) -> None:
@@ -608,6 +665,8 @@ _MCP_METRICS = (
     "tool_call_in_kernel",
     "tool_call_execute",
     "seq_calls",
+    "direct_call",
+    "direct_seq_calls",
     "kernel_rss_after_tool_import",
     "kernel_rss_after_tool_calls",
     "tool_call_in_kernel_everything",

@@ -6,12 +6,14 @@ and its report as the last line of stdout.
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncGenerator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import benchlib
+from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox.codegen._codegen import generate_package
@@ -47,6 +49,20 @@ class OursSide:
 
     async def generate(self, server: str, params: dict[str, Any], root: Path) -> list[str]:
         return list(await generate_mcp_sources(server, params, root))
+
+    @asynccontextmanager
+    async def direct_session(self, params: dict[str, Any]) -> AsyncGenerator[benchlib.DirectCall]:
+        """The bench server called through the MCP SDK from this process: the floor under the
+        kernel's tool calls (same server, same machine, taking turns with them)."""
+        server = StdioServerParameters(command=params["command"], args=params["args"])
+        async with stdio_client(server) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+
+            async def call(i: int) -> bool:
+                result = await session.call_tool("add", {"a": i, "b": 1})
+                return result.structured_content == {"result": i + 1}
+
+            yield call
 
     async def generation_breakdown(self, server: str, params: dict[str, Any], root: Path) -> dict[str, float]:
         """Phases of one generation in ms, from the report generate_mcp_sources is built on."""

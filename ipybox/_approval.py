@@ -23,6 +23,7 @@ __all__ = (
     "ApprovalRules",
     "check_approval",
     "decide_by_policy",
+    "read_only_copy",
 )
 
 logger = logging.getLogger(__name__)
@@ -62,13 +63,25 @@ class _FrozenDict(dict[str, Any]):
         return dict, (self.__deepcopy__({}),)
 
 
-def _freeze(value: Any) -> Any:
-    """A deep, read-only copy of JSON-like data: mappings become `_FrozenDict`, lists tuples."""
+def read_only_copy(value: Any) -> Any:
+    """A deep, read-only copy of JSON-like data: mappings become `_FrozenDict`, lists tuples.
+
+    A `_FrozenDict` is returned as it is: only this function makes one, so everything in it is
+    frozen already (a tool's input schema, frozen once per listing, is shared by its requests).
+    """
+    kind = type(cast("object", value))
+    # Exact types first: JSON data is only these, and the abstract checks below cost more than the copy.
+    if kind is str or kind is int or kind is bool or kind is float or value is None or kind is _FrozenDict:
+        return value
+    if kind is dict:
+        return _FrozenDict({key: read_only_copy(item) for key, item in cast("dict[str, Any]", value).items()})
+    if kind is list:
+        return tuple(read_only_copy(item) for item in cast("list[Any]", value))
     if isinstance(value, Mapping):
         items = cast("Mapping[str, Any]", value).items()
-        return _FrozenDict({key: _freeze(item) for key, item in items})
+        return _FrozenDict({key: read_only_copy(item) for key, item in items})
     if isinstance(value, list | tuple):
-        return tuple(_freeze(item) for item in cast("list[Any] | tuple[Any, ...]", value))
+        return tuple(read_only_copy(item) for item in cast("list[Any] | tuple[Any, ...]", value))
     return value
 
 
@@ -130,9 +143,9 @@ class ApprovalRequest:
     _decision: ApprovalDecision | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self.tool_args = _freeze(self.tool_args)
+        self.tool_args = read_only_copy(self.tool_args)
         if self.input_schema is not None:
-            self.input_schema = _freeze(self.input_schema)
+            self.input_schema = read_only_copy(self.input_schema)
 
     def __str__(self) -> str:
         """One line for logs: ``server.tool(key="value", ...)``, keys that are not plain names quoted,

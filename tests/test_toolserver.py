@@ -133,6 +133,31 @@ async def test_the_gate_sees_the_real_command_line_or_url_and_once_the_server_ra
     assert delete.request.execution is None  # the stand-in kernel is not IPython
 
 
+async def test_the_gate_sees_one_read_only_schema_and_annotations_per_listing_of_a_tool() -> None:
+    # Made read-only once per listing and shared by the tool's calls, not copied for each call.
+    gate = RecordingGate()
+    async with tool_channel({"test": stdio_server()}, gate) as channel:
+        await channel.calls(*[("test", "lookup", {"key": "k"})] * 3)
+        await channel.tool_server.reset()
+        await channel.calls(*[("test", "lookup", {"key": "k"})] * 2)
+    first, second, third, relisted_first, relisted = gate.calls
+    assert first.annotations is None and first.input_schema is None  # not listed yet
+    assert second.annotations == third.annotations == relisted.annotations == {"readOnlyHint": True}
+    assert second.annotations is third.annotations and second.input_schema is third.input_schema
+    # After the reset the server is listed again when the call runs: the gate saw the last listing
+    # (the same objects), and the call after it the new one.
+    assert relisted_first.input_schema is third.input_schema
+    assert relisted.input_schema is not third.input_schema and relisted.input_schema == third.input_schema
+    for shared in (third.annotations, third.input_schema):
+        assert shared is not None
+        with pytest.raises(TypeError, match="read-only"):
+            shared["readOnlyHint"] = False  # pyright: ignore[reportIndexIssue]
+    assert third.input_schema is not None
+    properties = third.input_schema["properties"]
+    with pytest.raises(TypeError, match="read-only"):
+        properties["injected"] = {"type": "string"}
+
+
 async def test_after_a_reset_the_gate_still_sees_the_annotations_of_the_last_listing_and_no_server_runs() -> None:
     gate = RecordingGate(deny={"lookup": "not now"})
     async with tool_channel({"test": stdio_server()}, gate) as channel:
@@ -544,11 +569,16 @@ async def test_approvals_of_parallel_calls_are_pending_at_the_same_time(
     assert len({call.seq for call in pending}) == 3
 
 
-async def test_a_kernel_that_hangs_up_cancels_its_pending_approval_and_the_call(tmp_path: Path) -> None:
-    log = tmp_path / "calls.log"
+async def _killed_while_asked(code: str, log: Path) -> list[str]:
+    """Run ``code`` as the kernel; the gate approves ``add`` and keeps any other call pending until
+    the kernel is killed, which must cancel it. Returns the tools of the approved calls."""
     asked, cancelled = anyio.Event(), anyio.Event()
+    approved: list[str] = []
 
     async def gate(request: ToolRequest, **_: Any) -> ApprovalDecision:
+        if request.tool == "add":
+            approved.append(request.tool)
+            return ApprovalDecision(approved=True)
         asked.set()
         try:
             await anyio.sleep_forever()
@@ -556,16 +586,35 @@ async def test_a_kernel_that_hangs_up_cancels_its_pending_approval_and_the_call(
             cancelled.set()
         raise AssertionError("this gate only ends by being cancelled")
 
-    code = "from ipybox_kernel import call_tool; call_tool('test', 'delete_item', {'item_id': '7'})"
     async with tool_channel({"test": stdio_server(call_log=log)}, gate) as channel:
         kernel = await anyio.open_process([sys.executable, "-c", code], env=channel.env)
         async with kernel:
-            with anyio.fail_after(30):
+            with anyio.fail_after(60):
                 await asked.wait()
             kernel.kill()
             with anyio.fail_after(10):
                 await cancelled.wait()
+    return approved
+
+
+async def test_a_kernel_that_hangs_up_cancels_its_pending_approval_and_the_call(tmp_path: Path) -> None:
+    log = tmp_path / "calls.log"
+    code = "from ipybox_kernel import call_tool; call_tool('test', 'delete_item', {'item_id': '7'})"
+    assert await _killed_while_asked(code, log) == []
     assert not log.exists()
+
+
+async def test_a_hang_up_after_a_run_of_quick_calls_still_cancels_the_pending_approval(tmp_path: Path) -> None:
+    # Quick calls leave the hang-up timer set for an earlier call (it is set once per
+    # HANGUP_WATCH_AFTER, not per call); the slow call after them must still be watched.
+    log = tmp_path / "calls.log"
+    code = (
+        "from ipybox_kernel import call_tool\n"
+        "for i in range(50): call_tool('test', 'add', {'a': i, 'b': 1})\n"
+        "call_tool('test', 'delete_item', {'item_id': '7'})"
+    )
+    assert await _killed_while_asked(code, log) == ["add"] * 50
+    assert not log.exists()  # only delete_item writes to it
 
 
 async def test_a_connection_keeps_serving_after_calls_long_enough_to_be_watched_for_a_hang_up() -> None:

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
-from ipybox._approval import ApprovalDecision
+from ipybox._approval import ApprovalDecision, read_only_copy
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer
 from ipybox._oauth import OAuth
@@ -216,7 +216,7 @@ class ToolServer:
         """
         if server in self._sessions:
             raise UsageError(f"{server!r} is already the name of an MCP server")
-        self._builtins[(server, tool)] = _Builtin(handler, input_schema)
+        self._builtins[(server, tool)] = _Builtin(handler, read_only_copy(input_schema))
 
     async def reset(self) -> None:
         """Close every MCP session; servers are started again on their next call.

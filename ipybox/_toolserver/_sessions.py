@@ -22,6 +22,7 @@ import anyio.abc
 from mcp import ClientSession
 from mcp import types as mcp_types
 
+from ipybox._approval import read_only_copy
 from ipybox._approvaltext import closest_key, forbidden_keys, quote
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer, describe_server, http_refusals, open_session, parse_server_params
@@ -82,6 +83,11 @@ class _Entry:
     live: _Session | None = None
     tools: dict[str, mcp_types.Tool] | None = None
     """The server's tools as it last listed them; kept after its session closes, for the gate."""
+    targets: dict[str, tuple[mcp_types.Tool, Target]] = field(
+        default_factory=dict[str, "tuple[mcp_types.Tool, Target]"]
+    )
+    """What the gate sees of each tool called, made once per listing: the read-only copies of a
+    tool's schema and annotations are shared by its calls' requests instead of made for each."""
 
 
 @dataclass(frozen=True)
@@ -160,14 +166,9 @@ class Sessions:
             # Not connected, and not to be before this call is approved: the gate gets the
             # annotations of the server's last listing, if there was one.
             spec = entry.tools.get(request.tool) if entry.tools is not None else None
-        annotations = (
-            spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True)
-            if spec is not None and spec.annotations
-            else None
-        )
-        schema = spec.input_schema if spec is not None else None
-        check_arguments(schema, request)
-        return Target(entry.description, annotations, schema)
+        target = _target(entry, spec)
+        check_arguments(target.input_schema, request)
+        return target
 
     async def call(self, request: ToolRequest) -> ToolResultReply:
         """Make an approved call: start or reach its server if needed, then call the tool.
@@ -200,6 +201,7 @@ class Sessions:
             with tool_errors(f"listing the tools of MCP server {entry.name!r}"):
                 with anyio.fail_after(self.connect_timeout):
                     live.tools = entry.tools = await _list_all_tools(live.session)
+                    entry.targets.clear()
             spec = live.tools.get(request.tool)
         if spec is None:
             known = ", ".join(repr(n) for n in sorted(live.tools)) or "none"
@@ -243,6 +245,7 @@ class Sessions:
                 raise ToolCallFailed("server_start", f"cannot start MCP server {entry.name!r}: {exc}") from exc
             entry.live = live
             entry.tools = live.tools
+            entry.targets.clear()
             return live
 
     async def _own_session(self, entry: _Entry, *, task_status: anyio.abc.TaskStatus[_Session]) -> None:
@@ -315,7 +318,8 @@ class Sessions:
             raise ToolCallFailed(
                 "tool_error", f"tool {tool!r} of MCP server {server!r} failed: {text or 'no error message'}"
             )
-        return ToolResultReply(
+        # Not validated again: the MCP client has validated the result, and validating copies it whole.
+        return ToolResultReply.model_construct(
             seq=seq,
             structured=result.structured_content,
             text=text,
@@ -335,6 +339,19 @@ class Sessions:
         if tail:
             message += f"\nits stderr ends with:\n{tail}"
         return ToolCallFailed("server_crashed", message, output=tail or None)
+
+
+def _target(entry: _Entry, spec: mcp_types.Tool | None) -> Target:
+    """What the gate sees of a tool, made once for each listing of it."""
+    if spec is None:
+        return Target(entry.description, None, None)
+    cached = entry.targets.get(spec.name)
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    dumped = spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if spec.annotations else None
+    target = Target(entry.description, read_only_copy(dumped), read_only_copy(spec.input_schema))
+    entry.targets[spec.name] = (spec, target)
+    return target
 
 
 def check_arguments(schema: Mapping[str, Any] | None, request: ToolRequest) -> None:
