@@ -1,8 +1,8 @@
-"""Approval of MCP tool calls: the request an application answers, and approval policies."""
+"""Approval of MCP tool calls: the request an application answers, its decision, and `ApprovalRules`
+(the policy protocol and chains: `_policies`)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -21,9 +21,6 @@ __all__ = (
     "ApprovalRules",
     "DecidedBy",
 )
-
-logger = logging.getLogger(__name__)
-
 
 DecidedBy: TypeAlias = Literal["application", "policy", "callback", "adapter", "timeout", "ipybox"]
 """What made a decision: ``"application"`` an answer to the request's event (`ApprovalRequest.accept`,

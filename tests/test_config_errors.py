@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ipybox import (
+    ApprovalRules,
     CodeExecutor,
     GatewayKernel,
     KernelPool,
@@ -55,7 +56,7 @@ def test_a_config_file_with_only_known_keys_loads(tmp_path: Path) -> None:
         tmp_path,
         {"mcpServers": {"t": {"command": "python", "args": ["s.py"]}}, "approval": {"mode": "auto", "allow": []}},
     )
-    assert config.approval == "auto" and set(config.servers) == {"t"}
+    assert config.rules == ApprovalRules(otherwise="accept") and set(config.servers) == {"t"}
 
 
 def test_a_whole_command_line_in_command_is_an_error_showing_command_and_args() -> None:
