@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from time import perf_counter
 from types import MappingProxyType
 from typing import Any
@@ -189,7 +190,10 @@ class ApprovalGate:
         decided = perf_counter()
         if call is not None and id(call) in self._open:
             self._open[id(call)] = (fields, began, decided)
-        await notify(self.hook, ToolCallDecided(**fields, decision=decision, policy=policy, waited=decided - began))
+        # A copy: the ToolServer reads the gate's own decision after the hook has run, so not even a hook
+        # that writes past the frozen dataclass can change what is done.
+        event = ToolCallDecided(**fields, decision=replace(decision), policy=policy, waited=decided - began)
+        await notify(self.hook, event)
 
     async def finished(self, call: ToolRequest, error: str | None) -> None:
         """The `ToolServer`'s report that ``call`` ended (``error``: None or its error kind)."""
