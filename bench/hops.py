@@ -41,8 +41,9 @@ import anyio
 from mcp import types as mcp_types
 
 from ipybox import CodeExecutor, generate_mcp_sources
-from ipybox._approval import ApprovalDecision, ApprovalRequest, decide_by_policy
+from ipybox._approval import ApprovalDecision, ApprovalRequest
 from ipybox._mcp import StdioServer, open_session
+from ipybox._policies import decide_by_policy
 from ipybox._toolserver._channel import ToolRequest, ToolResultReply
 from ipybox._toolserver._request import parse_request
 from ipybox._toolserver._server import ToolServer
@@ -200,7 +201,7 @@ async def _auto_gate(
 ) -> ApprovalDecision:
     """What CodeExecutor._gate does with approval="auto"."""
     request = _approval_request(call, annotations, server, input_schema)
-    decision = await decide_by_policy("auto", request)
+    decision, _ = await decide_by_policy("auto", request)
     assert decision is not None
     request.decide(decision)
     return decision

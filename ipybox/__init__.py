@@ -6,7 +6,6 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._approval import Approval as Approval
     from ._approval import ApprovalCallback as ApprovalCallback
     from ._approval import ApprovalDecision as ApprovalDecision
     from ._approval import ApprovalRequest as ApprovalRequest
@@ -36,11 +35,19 @@ if TYPE_CHECKING:
     from ._mcp import HttpServer as HttpServer
     from ._mcp import StdioServer as StdioServer
     from ._packages import PackageInstallError as PackageInstallError
+    from ._policies import Approval as Approval
+    from ._policies import ApprovalChain as ApprovalChain
+    from ._policies import ApprovalPolicy as ApprovalPolicy
     from ._pool import KernelPool as KernelPool
     from ._results import CodeExecutionChunk as CodeExecutionChunk
     from ._results import CodeExecutionResult as CodeExecutionResult
     from ._results import Image as Image
     from ._results import Output as Output
+    from ._toolevents import ToolCallDecided as ToolCallDecided
+    from ._toolevents import ToolCallEvent as ToolCallEvent
+    from ._toolevents import ToolCallFinished as ToolCallFinished
+    from ._toolevents import ToolCallHook as ToolCallHook
+    from ._toolevents import ToolCallRequested as ToolCallRequested
     from .codegen._codegen import generate_mcp_sources as generate_mcp_sources
     from .codegen._search import CatalogueMode as CatalogueMode
     from .codegen._search import ToolMatch as ToolMatch
@@ -65,9 +72,11 @@ if TYPE_CHECKING:
 # with warm caches), which `ipybox --version`, `ipybox stubs` or an application that only names a type
 # should not pay for. A name's module is imported on first access (PEP 562).
 _LAZY = {
-    "Approval": "._approval",
+    "Approval": "._policies",
     "ApprovalCallback": "._approval",
+    "ApprovalChain": "._policies",
     "ApprovalDecision": "._approval",
+    "ApprovalPolicy": "._policies",
     "ApprovalRequest": "._approval",
     "ApprovalRules": "._approval",
     "CatalogueMode": ".codegen._search",
@@ -104,6 +113,11 @@ _LAZY = {
     "Skill": ".skills._store",
     "StdioServer": "._mcp",
     "Timeouts": "._config",
+    "ToolCallDecided": "._toolevents",
+    "ToolCallEvent": "._toolevents",
+    "ToolCallFinished": "._toolevents",
+    "ToolCallHook": "._toolevents",
+    "ToolCallRequested": "._toolevents",
     "ToolMatch": ".codegen._search",
     "UsageError": "._exceptions",
     "catalogue_mode": ".codegen._search",
@@ -121,7 +135,9 @@ _LAZY = {
 __all__ = (
     "Approval",
     "ApprovalCallback",
+    "ApprovalChain",
     "ApprovalDecision",
+    "ApprovalPolicy",
     "ApprovalRequest",
     "ApprovalRules",
     "CatalogueMode",
@@ -158,6 +174,11 @@ __all__ = (
     "Skill",
     "StdioServer",
     "Timeouts",
+    "ToolCallDecided",
+    "ToolCallEvent",
+    "ToolCallFinished",
+    "ToolCallHook",
+    "ToolCallRequested",
     "ToolMatch",
     "UsageError",
     "catalogue_mode",

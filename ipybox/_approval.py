@@ -1,9 +1,8 @@
-"""Approval of MCP tool calls: the request an application answers, and approval policies."""
+"""Approval of MCP tool calls: the request an application answers, its decision, and `ApprovalRules`
+(the policy protocol and chains: `_policies`)."""
 
 from __future__ import annotations
 
-import inspect
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -16,26 +15,35 @@ from ._exceptions import UsageError
 from .network._policy import Entry, any_entry_allows, parse_entry
 
 __all__ = (
-    "Approval",
     "ApprovalCallback",
     "ApprovalDecision",
     "ApprovalRequest",
     "ApprovalRules",
-    "check_approval",
-    "decide_by_policy",
+    "DecidedBy",
     "read_only_copy",
 )
 
-logger = logging.getLogger(__name__)
+DecidedBy: TypeAlias = Literal["application", "policy", "callback", "adapter", "timeout", "ipybox"]
+"""What made a decision: ``"application"`` an answer to the request's event (`ApprovalRequest.accept`,
+`Execution.answer`: a person, as a rule), ``"policy"`` ``"auto"``, `ApprovalRules` or another
+`ApprovalPolicy`, ``"callback"`` an approval callback, ``"adapter"`` a framework adapter with its
+framework's answer (an interrupt's resume value, a deferred call's result, a handler),
+``"timeout"`` nobody answered in time, ``"ipybox"`` ipybox itself (a call from code left running,
+a call it cannot attribute, an execution that ended or that nobody can answer)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class ApprovalDecision:
-    """The answer to an `ApprovalRequest`."""
+    """The answer to an `ApprovalRequest`: the one decision type of policies, callbacks, the
+    application's answers and the framework adapters."""
 
     approved: bool
     reason: str | None = None
-    by: Literal["application", "policy", "timeout"] = "application"
+    """Why, for a person and for the kernel code: a rejected call raises
+    ``ToolCallRejected(reason)``."""
+    by: DecidedBy = "application"
+    """What made the decision; ipybox sets it where the decision comes from (a policy's or a
+    callback's decision is marked as theirs whatever they wrote here)."""
     remember: bool = field(default=False, repr=False)
     """For a `NetworkRequest`: allow the destination for the rest of the executor's life (ignored
     for tool calls, so left out of the repr that tool-call logs show)."""
@@ -330,45 +338,3 @@ def _net_entries(texts: Sequence[str], where: str) -> tuple[Entry, ...]:
         except UsageError as exc:
             raise UsageError(f"{where}: {exc}") from None
     return tuple(entries)
-
-
-Approval: TypeAlias = Literal["ask", "auto"] | ApprovalRules | ApprovalCallback
-"""How tool calls are approved: ``"ask"`` (each becomes an `ApprovalRequest` event the application
-answers), ``"auto"`` (all approved), `ApprovalRules`, or a callback."""
-
-
-def check_approval(approval: object) -> None:
-    """Raises UsageError unless ``approval`` is a valid policy."""
-    if approval in ("ask", "auto") or isinstance(approval, ApprovalRules) or callable(approval):
-        return
-    raise UsageError(f"approval must be 'ask', 'auto', an ApprovalRules or a callable, got {approval!r}")
-
-
-async def decide_by_policy(approval: Approval, request: ApprovalRequest) -> ApprovalDecision | None:
-    """The policy's decision, or None when the application must be asked (an event)."""
-    if approval == "ask":
-        return None
-    if approval == "auto":
-        return ApprovalDecision(approved=True, by="policy")
-    if isinstance(approval, ApprovalRules):
-        return approval.decide(request)
-    if not callable(approval):
-        raise UsageError(f"invalid approval policy {approval!r}")
-    try:
-        answer: object = approval(request)
-        if inspect.isawaitable(answer):
-            answer = await answer
-    except Exception as exc:  # the application's callback: any failure means "no"
-        logger.exception("approval callback failed")
-        # The reason reaches kernel code: the type only, since the message may name host details.
-        reason = f"the approval callback failed ({type(exc).__name__}); the host's log has the details"
-        return ApprovalDecision(approved=False, reason=reason, by="policy")
-    if isinstance(answer, ApprovalDecision):
-        return answer
-    if isinstance(answer, bool):  # pyright: ignore[reportUnnecessaryIsInstance]
-        return ApprovalDecision(approved=answer, by="policy")
-    return ApprovalDecision(
-        approved=False,
-        reason=f"the approval callback returned {answer!r}, not a bool or ApprovalDecision",
-        by="policy",
-    )

@@ -19,10 +19,11 @@ from typing import Any
 
 import anyio
 
-from ._approval import Approval, ApprovalDecision, ApprovalRequest
+from ._approval import ApprovalDecision, ApprovalRequest
 from ._events import wait_any
 from ._exceptions import ExecutionCancelled, ExecutionLost, IpyboxError
 from ._marks import ReceivedMarks
+from ._policies import Approval
 from ._results import CodeExecutionChunk, CodeExecutionResult
 
 __all__ = ("UNANSWERED_WARNING_AFTER", "Execution", "ExecutionDriver", "ExecutionEvent", "open_execution")
@@ -432,7 +433,7 @@ def _end(state: _State, *, result: CodeExecutionResult | None = None, error: Ipy
     if state.done.is_set():
         return
     for request in state.approvals.values():
-        request.decide(ApprovalDecision(approved=False, reason="the execution ended", by="policy"))
+        request.decide(ApprovalDecision(approved=False, reason="the execution ended", by="ipybox"))
     state.result, state.error = result, error
     if result is not None:
         _add(state, result)
@@ -449,7 +450,7 @@ def _reject_unanswerable(state: _State) -> None:
         request.decide(
             ApprovalDecision(
                 approved=False,
-                by="policy",
+                by="ipybox",
                 reason=(
                     "approval is 'ask' but this execution is awaited, not iterated, so nobody can answer "
                     "its ApprovalRequest; iterate it ('async for event in executor.execute(code)') and "

@@ -14,7 +14,6 @@ from typing import Literal, NoReturn, Self
 import anyio
 import anyio.abc
 
-from ._approval import Approval, check_approval
 from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings, check_seconds
 from ._exceptions import (
     ExecutionCancelled,
@@ -34,10 +33,12 @@ from ._manifest import load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._oauth import OAuth
 from ._packages import install_package
+from ._policies import Approval, check_approval
 from ._pool import KernelPool
 from ._running import run_execution
 from ._supervisor import KernelSupervisor
 from ._tokenstore import FileTokenStore, refuse_token_dir_in
+from ._toolevents import ToolCallHook
 from ._toolserver._server import ToolServer
 from ._workspace import copy_file, write_file
 from .network._policy import Network
@@ -95,7 +96,8 @@ class CodeExecutor:
             `UsageError` otherwise.
         approval: How tool calls from the kernel are approved: ``"ask"`` (each one becomes an
             `ApprovalRequest` event of the execution, answered by the application), ``"auto"``,
-            `ApprovalRules`, or a callback that receives the `ApprovalRequest`.
+            `ApprovalRules`, an `ApprovalChain` of policies (the first decision wins; what they all
+            pass on is asked), any `ApprovalPolicy`, or a callback that receives the `ApprovalRequest`.
         skills_dir: Where skills are saved (`save_skill`), or None for no skills. Importable by the
             kernel as the package ``skills`` (``from skills.<name> import run``), whatever the
             directory is called; kernel code lists them with ``ipybox_kernel.list_skills()`` and
@@ -123,6 +125,11 @@ class CodeExecutor:
             only (`ipybox.oauth.OAuth`; default: the default token store, no person to ask). One
             token per server, shared by all its sessions and refreshed without the kernel
             noticing; kernel code never sees it.
+        on_tool_call: Observes every tool call and every asked network connection: called with a
+            `ToolCallRequested`, a `ToolCallDecided` and (tool calls) a `ToolCallFinished` event,
+            sync or async, where each happens (for metrics, logs and traces). It cannot change a
+            decision: what it raises is logged and dropped. The events hold the call's arguments,
+            which may be personal data.
     """
 
     def __init__(
@@ -140,12 +147,15 @@ class CodeExecutor:
         pool: KernelPool | None = None,
         kernel: GatewayKernel | None = None,
         oauth: OAuth | None = None,
+        on_tool_call: ToolCallHook | None = None,
     ) -> None:
         workspace_path = Path(workspace).resolve()
         if not workspace_path.is_dir():
             raise UsageError(f"workspace {str(workspace)!r} is not an existing directory; create it first")
         check_kernel_settings(env, limits, timeouts)
         check_approval(approval)
+        if on_tool_call is not None and not callable(on_tool_call):
+            raise UsageError(f"on_tool_call must be a callable that takes a ToolCallEvent, got {on_tool_call!r}")
         if pool is not None and not isinstance(pool, KernelPool):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"pool must be a KernelPool, got {pool!r}")
         self.gateway = check_gateway(kernel, sandbox, pool=pool, skills_dir=skills_dir)
@@ -167,7 +177,7 @@ class CodeExecutor:
             pool=pool,
             gateway=self.gateway,
         )
-        self._gate = ApprovalGate(approval, self.timeouts.approval)
+        self._gate = ApprovalGate(approval, self.timeouts.approval, on_tool_call)
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
@@ -212,6 +222,7 @@ class CodeExecutor:
             call_timeout=self.timeouts.tool,
             listener=listeners.tools,
             oauth=self._oauth,
+            on_finished=self._gate.finished if self._gate.hook is not None else None,
         )
         self._tools.register_builtin(
             BUILTIN_SERVER, "install_package", self._install_from_kernel, input_schema=_INSTALL_SCHEMA

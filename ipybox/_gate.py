@@ -19,12 +19,17 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
+from time import perf_counter
+from types import MappingProxyType
 from typing import Any
 
-from ._approval import Approval, ApprovalDecision, ApprovalRequest, decide_by_policy
+from ._approval import ApprovalDecision, ApprovalRequest
 from ._execution import ExecutionDriver
 from ._kernel import KernelHandle
 from ._leftrunning import LeftRunning
+from ._policies import Approval, decide_by_policy, policy_name
+from ._toolevents import ToolCallDecided, ToolCallFinished, ToolCallHook, ToolCallRequested, notify
 from ._toolserver._channel import ToolRequest
 from .network._request import NetworkRequest, network_request_fields
 
@@ -46,11 +51,18 @@ class ApprovalGate:
     Args:
         policy: The executor's approval policy (already checked), for executions without their own.
         timeout: Seconds an asked request waits for the application's answer (None: no limit).
+        hook: Observes every request: requested, decided and, for tool calls, finished (`finished`
+            is the `ToolServer`'s report). None costs nothing on a call's path.
     """
 
-    def __init__(self, policy: Approval, timeout: float | None) -> None:
+    def __init__(self, policy: Approval, timeout: float | None, hook: ToolCallHook | None = None) -> None:
         self.policy: Approval = policy
         self._timeout = timeout
+        self.hook = hook
+        # With a hook: the tool calls reported as requested and not yet as finished, by the
+        # ToolRequest the ToolServer holds until it reports them: their event fields, when they were
+        # requested and when decided.
+        self._open: dict[int, tuple[dict[str, Any], float, float | None]] = {}
         self._driver: ExecutionDriver | None = None
         # The kernel's id for the running execution, which its tool calls must carry.
         self._msg_id: str | None = None
@@ -104,10 +116,10 @@ class ApprovalGate:
         # A thread or task keeps the id of the execution that started it (ipybox_kernel._context):
         # a call from one that outlived its execution must not be shown as the running one's.
         if driver is None or call.execution is None or call.execution != self._msg_id:
-            return ApprovalDecision(approved=False, reason=_STRAY_CALL, by="policy")
+            return await self._refused(call, None, ApprovalDecision(approved=False, reason=_STRAY_CALL, by="ipybox"))
         unknown = self._origin_unknown(driver, f"tool call {call.server}.{call.tool}")
         if unknown is not None:
-            return unknown
+            return await self._refused(call, driver, unknown)
         request = driver.new_request(
             server_name=call.server,
             tool_name=call.tool,
@@ -117,13 +129,13 @@ class ApprovalGate:
             input_schema=input_schema,
             left_running=self._left_running,
         )
-        return await self._decide(driver, request, after_mark=call.mark)
+        return await self._decide(driver, request, after_mark=call.mark, call=call)
 
     async def network(self, host: str, port: int, execution_id: str) -> ApprovalDecision:
         """The network proxy's asker: a decision on a connection to an unlisted destination."""
         driver = self._driver
         if driver is None or driver.execution.id != execution_id:
-            return ApprovalDecision(approved=False, reason="its code action has ended", by="policy")
+            return ApprovalDecision(approved=False, reason="its code action has ended", by="ipybox")
         unknown = self._origin_unknown(driver, f"connection to {host}:{port}")
         if unknown is not None:
             return unknown
@@ -134,18 +146,79 @@ class ApprovalGate:
         return await self._decide(driver, request)
 
     async def _decide(
-        self, driver: ExecutionDriver, request: ApprovalRequest, *, after_mark: int | None = None
+        self,
+        driver: ExecutionDriver,
+        request: ApprovalRequest,
+        *,
+        after_mark: int | None = None,
+        call: ToolRequest | None = None,
     ) -> ApprovalDecision:
-        decision = await decide_by_policy(self._policy_of(driver), request)
+        hook = self.hook
+        fields: dict[str, Any] = {}
+        began = 0.0
+        if hook is not None:
+            fields = _fields(driver, request.id, request.server_name, request.tool_name)
+            began = self._requested(call, fields)
+            requested = ToolCallRequested(**fields, arguments=request.tool_args, annotations=request.annotations)
+            await notify(hook, requested)
+        decision, decider = await decide_by_policy(self._policy_of(driver), request)
         if decision is not None and request.left_running is not None:
             # The same policy decided the earlier code's requests (else _origin_unknown refused this
             # one): it decides this one as it would have decided that code's. Logged, since no one saw it.
             logger.info("%s decided by policy (approved=%s) while %s", request, decision.approved, request.left_running)
         if decision is None:
             # Shown to the application: after what the code printed before the call (ipybox._marks).
-            return await driver.ask(request, self._timeout, after_mark=after_mark)
-        request.decide(decision)
+            decision = await driver.ask(request, self._timeout, after_mark=after_mark)
+        else:
+            request.decide(decision)
+        if hook is not None:
+            policy = None if decider is None else policy_name(decider)
+            await self._decided(call, fields, began, decision, policy)
         return decision
+
+    async def _refused(
+        self, call: ToolRequest, driver: ExecutionDriver | None, decision: ApprovalDecision
+    ) -> ApprovalDecision:
+        """``decision``, a refusal of ``call`` before it became a request, reported to the hook."""
+        if self.hook is not None:
+            fields = _fields(driver, None, call.server, call.tool)
+            began = self._requested(call, fields)
+            # The kernel's dict: read-only for the hook, though the refused call never runs with it.
+            await notify(self.hook, ToolCallRequested(**fields, arguments=MappingProxyType(call.arguments)))
+            await self._decided(call, fields, began, decision, None)
+        return decision
+
+    def _requested(self, call: ToolRequest | None, fields: dict[str, Any]) -> float:
+        began = perf_counter()
+        if call is not None:
+            self._open[id(call)] = (fields, began, None)
+        return began
+
+    async def _decided(
+        self,
+        call: ToolRequest | None,
+        fields: dict[str, Any],
+        began: float,
+        decision: ApprovalDecision,
+        policy: str | None,
+    ) -> None:
+        assert self.hook is not None
+        decided = perf_counter()
+        if call is not None and id(call) in self._open:
+            self._open[id(call)] = (fields, began, decided)
+        # A copy: the ToolServer reads the gate's own decision after the hook has run, so not even a hook
+        # that writes past the frozen dataclass can change what is done.
+        event = ToolCallDecided(**fields, decision=replace(decision), policy=policy, waited=decided - began)
+        await notify(self.hook, event)
+
+    async def finished(self, call: ToolRequest, error: str | None) -> None:
+        """The `ToolServer`'s report that ``call`` ended (``error``: None or its error kind)."""
+        opened = self._open.pop(id(call), None)
+        if opened is None or self.hook is None:
+            return  # refused before the gate was asked: nothing was reported of it
+        fields, began, decided = opened
+        duration = perf_counter() - (began if decided is None else decided)
+        await notify(self.hook, ToolCallFinished(**fields, error=error, duration=duration))
 
     def _policy_of(self, driver: ExecutionDriver) -> Approval:
         own = driver.execution.policy
@@ -174,7 +247,19 @@ class ApprovalGate:
         if self._warned != driver.execution.id:
             self._warned = driver.execution.id
             logger.warning("refused the %s of execution %s: %s", what, driver.execution.id, reason)
-        return ApprovalDecision(approved=False, reason=reason, by="policy")
+        return ApprovalDecision(approved=False, reason=reason, by="ipybox")
+
+
+def _fields(driver: ExecutionDriver | None, call_id: str | None, server: str, tool: str) -> dict[str, Any]:
+    """What every event of one call says about it."""
+    execution = None if driver is None else driver.execution
+    return {
+        "call_id": call_id,
+        "server": server,
+        "tool": tool,
+        "execution_id": None if execution is None else execution.id,
+        "execution_key": None if execution is None else execution.key,
+    }
 
 
 def _same(a: Approval, b: Approval) -> bool:

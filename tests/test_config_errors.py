@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ipybox import (
+    ApprovalRules,
     CodeExecutor,
     GatewayKernel,
     KernelPool,
@@ -55,7 +56,7 @@ def test_a_config_file_with_only_known_keys_loads(tmp_path: Path) -> None:
         tmp_path,
         {"mcpServers": {"t": {"command": "python", "args": ["s.py"]}}, "approval": {"mode": "auto", "allow": []}},
     )
-    assert config.approval == "auto" and set(config.servers) == {"t"}
+    assert config.rules == ApprovalRules(otherwise="accept") and set(config.servers) == {"t"}
 
 
 def test_a_whole_command_line_in_command_is_an_error_showing_command_and_args() -> None:
@@ -160,3 +161,16 @@ def test_limits_must_be_positive_whole_numbers_and_say_which_one_is_not(bad: dic
     name = next(iter(bad))
     with pytest.raises(UsageError, match=f"Limits.{name} must be a positive whole number"):
         Limits(**bad)  # pyright: ignore[reportArgumentType]
+
+
+def test_the_command_line_and_the_config_file_build_one_rules_object(tmp_path: Path) -> None:
+    data = {"approval": {"mode": "deny", "allow": ["fetch.*"], "deny": ["fetch.delete"], "allowReadOnly": True}}
+    config = load(tmp_path, data)
+    assert config.approval == ApprovalRules(
+        allow=("fetch.*",), deny=("fetch.delete",), allow_read_only=True, otherwise="reject"
+    )
+    assert config.rules is config.approval  # built once, not again for each call
+    shorthand = ServerConfig(workspace=tmp_path, approval="auto")
+    assert shorthand.rules == ApprovalRules(otherwise="accept")
+    with pytest.raises(UsageError, match="approval must be ApprovalRules, 'ask', 'auto' or 'deny'"):
+        ServerConfig(workspace=tmp_path, approval="maybe")  # pyright: ignore[reportArgumentType]

@@ -32,7 +32,7 @@ from ipybox import (
     _execution,
     generate_mcp_sources,
 )
-from ipybox._approval import Approval
+from ipybox._policies import Approval
 
 pytestmark = pytest.mark.anyio
 

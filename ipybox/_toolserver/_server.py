@@ -138,6 +138,9 @@ class ToolServer:
             binding one. The server owns it from then on.
         oauth: Tokens and authorization for servers with ``oauth`` parameters (one per server,
             shared by its sessions); default: the default token store, no person to ask.
+        on_finished: Told of the end of every call that was read (its error kind, None when the tool
+            returned, ``"cancelled"`` when the kernel stopped waiting), after its reply was sent: the
+            gate's `ToolCallFinished` event. Awaited, so keep it quick.
     """
 
     def __init__(
@@ -151,6 +154,7 @@ class ToolServer:
         max_connections: int = MAX_CONNECTIONS,
         listener: socket.socket | None = None,
         oauth: OAuth | None = None,
+        on_finished: Callable[[ToolRequest, str | None], Awaitable[None]] | None = None,
     ) -> None:
         _check_token_strength(token)
         if call_timeout is not None and call_timeout <= 0:
@@ -172,6 +176,7 @@ class ToolServer:
             listener=listener,
             what="tool-call",
         )
+        self._on_finished = on_finished
 
     @property
     def socket_path(self) -> Path:
@@ -349,11 +354,18 @@ class ToolServer:
             # Before this task waits on the socket again, the watcher must stop waiting on it.
             flight.watching.scope.cancel()
             await flight.watching.ended.wait()
-        if flight.hung_up:
-            return False
-        if reply is not None:
-            await connection.send(self._encode(request, reply))
-        return True
+        try:
+            if flight.hung_up:
+                return False
+            if reply is not None:
+                await connection.send(self._encode(request, reply))
+            return True
+        finally:
+            if self._on_finished is not None:
+                error = "cancelled" if reply is None or flight.hung_up else None
+                if isinstance(reply, ToolErrorReply) and not flight.hung_up:
+                    error = reply.error
+                await self._on_finished(request, error)
 
     def _encode(self, request: ToolRequest, reply: ToolResultReply | ToolErrorReply) -> bytes:
         """The reply's line, or an error line when it cannot be sent (too large, not encodable)."""

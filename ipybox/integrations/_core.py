@@ -14,7 +14,7 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -22,6 +22,7 @@ import anyio
 
 from ipybox import (
     Approval,
+    ApprovalDecision,
     ApprovalRequest,
     CodeExecutionChunk,
     CodeExecutionError,
@@ -46,10 +47,11 @@ __all__ = (
     "ActionOutcome",
     "ApprovalPayload",
     "Catalogue",
-    "Decision",
     "ToolText",
+    "check_answers",
     "describe_tools",
     "drive",
+    "parse_decision",
     "search_stubs",
     "start_or_attach",
     "tool_instructions",
@@ -289,53 +291,51 @@ def _plain(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
-class Decision:
-    """An application's answer to one approval request."""
+def parse_decision(value: object) -> tuple[ApprovalDecision, str | None]:
+    """Read a resume value, and the request id it names (None: it names none): an `ApprovalDecision`,
+    a bool, or the frameworks' shape ``{"type": "approve"}`` / ``{"type": "reject", "message": "..."}``
+    (optionally with ``"request_id"``), whose ``message`` is the decision's ``reason``.
 
-    approved: bool
-    message: str | None = None
-    """Why it was rejected; the code sees it as ``ToolCallRejected.reason``."""
-    request_id: str | None = None
-    """The request this answers, when the answer says so; a mismatch means the execution was lost."""
+    Raises:
+        UsageError: Anything else; the message shows the accepted shapes.
+    """
+    if isinstance(value, ApprovalDecision):
+        return value, None
+    if isinstance(value, bool):
+        return ApprovalDecision(approved=value), None
+    if isinstance(value, Mapping):
+        data: Mapping[str, object] = value  # pyright: ignore[reportUnknownVariableType]
+        kind, message, request_id = data.get("type"), data.get("message"), data.get("request_id")
+        unknown = set(data) - {"type", "message", "request_id"}
+        if (
+            kind in ("approve", "reject")
+            and not unknown
+            and (message is None or isinstance(message, str))
+            and (request_id is None or isinstance(request_id, str))
+        ):
+            if kind == "approve" and message is not None:
+                raise UsageError("an approval decision {'type': 'approve'} takes no 'message'")
+            return ApprovalDecision(approved=kind == "approve", reason=message), request_id
+    raise UsageError(
+        f"cannot read {value!r} as an approval decision; resume with {{'type': 'approve'}} or "
+        "{'type': 'reject', 'message': 'why'} (an optional 'request_id' must be the request's id)"
+    )
 
-    @classmethod
-    def approve(cls) -> Decision:
-        return cls(approved=True)
 
-    @classmethod
-    def reject(cls, message: str | None = None) -> Decision:
-        return cls(approved=False, message=message)
+def check_answers(execution: Execution, request: ApprovalRequest, request_id: str | None) -> None:
+    """Make sure a resume value that names a request (``request_id``) answers ``request``.
 
-    @classmethod
-    def parse(cls, value: object) -> Decision:
-        """Read a resume value: a `Decision`, a bool, or a dict ``{"type": "approve"}`` /
-        ``{"type": "reject", "message": "..."}`` (optionally with ``"request_id"``).
-
-        Raises:
-            UsageError: Anything else; the message shows the accepted shapes.
-        """
-        if isinstance(value, Decision):
-            return value
-        if isinstance(value, bool):
-            return cls(approved=value)
-        if isinstance(value, Mapping):
-            data: Mapping[str, object] = value  # pyright: ignore[reportUnknownVariableType]
-            kind, message, request_id = data.get("type"), data.get("message"), data.get("request_id")
-            unknown = set(data) - {"type", "message", "request_id"}
-            if (
-                kind in ("approve", "reject")
-                and not unknown
-                and (message is None or isinstance(message, str))
-                and (request_id is None or isinstance(request_id, str))
-            ):
-                if kind == "approve" and message is not None:
-                    raise UsageError("an approval decision {'type': 'approve'} takes no 'message'")
-                return cls(approved=kind == "approve", message=message, request_id=request_id)
-        raise UsageError(
-            f"cannot read {value!r} as an approval decision; resume with {{'type': 'approve'}} or "
-            "{'type': 'reject', 'message': 'why'} (an optional 'request_id' must be the request's id)"
-        )
+    Raises:
+        ExecutionLost: It names another request: the execution it answered is gone. The waiting
+            call is refused and the execution cancelled.
+    """
+    if request_id is None or request_id == request.id:
+        return
+    # Refuse the waiting call first, so the kernel is not left blocked on it while the cancel
+    # interrupts the code.
+    execution.answer(request.id, False, "the approval answered another execution's request")
+    execution.cancel()
+    raise ExecutionLost(f"the decision answers request {request_id!r}, but the execution waits on {request.id!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -395,9 +395,11 @@ def start_or_attach(
     return execution
 
 
-Decide = Callable[[ApprovalRequest, ApprovalPayload], Awaitable[Decision]]
+Decide = Callable[[ApprovalRequest, ApprovalPayload], Awaitable[ApprovalDecision]]
 """An adapter's way to get a decision: ask the framework (which may end the run by raising its
-interrupt exception, leaving the execution paused) or the application."""
+interrupt exception, leaving the execution paused) or the application. The framework's own shape of
+an answer becomes an `ApprovalDecision` there, at the adapter's edge (`parse_decision`,
+`check_answers`)."""
 
 
 async def drive(
@@ -423,16 +425,8 @@ async def drive(
             if isinstance(event, ApprovalRequest):
                 if replay == "all" or event.decision is None:
                     decision = await decide(event, ApprovalPayload.of(event))
-                    if decision.request_id is not None and decision.request_id != event.id:
-                        # Refuse the waiting call first, so the kernel is not left blocked on it while
-                        # the cancel interrupts the code.
-                        execution.answer(event.id, False, "the approval answered another execution's request")
-                        execution.cancel()
-                        raise ExecutionLost(
-                            f"the decision answers request {decision.request_id!r}, but the execution "
-                            f"waits on {event.id!r}"
-                        )
-                    execution.answer(event.id, decision.approved, decision.message)
+                    # Idempotent: a request decided already keeps its first decision.
+                    event.decide(replace(decision, by="adapter", remember=False))
             elif isinstance(event, CodeExecutionChunk) and on_output is not None and index >= _shown.get(execution, 0):
                 _shown[execution] = index + 1
                 await on_output(event)

@@ -34,7 +34,15 @@ from langgraph.runtime import Runtime, get_runtime
 from langgraph.types import interrupt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutor, Execution, ExecutionLost, UsageError
+from ipybox import (
+    ApprovalDecision,
+    ApprovalRequest,
+    CodeExecutionChunk,
+    CodeExecutor,
+    Execution,
+    ExecutionLost,
+    UsageError,
+)
 from ipybox.codegen._search import CatalogueMode
 
 from ._core import (
@@ -46,7 +54,7 @@ from ._core import (
     ApprovalPayload,
     Catalogue,
     Decide,
-    Decision,
+    check_answers,
     describe_tools,
     drive,
     search_stubs,
@@ -372,7 +380,7 @@ def _step_of(thread_id: str) -> str:
 
 
 def _interrupter(tool_call_id: str, execution: Execution, queue: Queue, step: str) -> Decide:
-    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
         # The payload's JSON has the rest of McpApprovalRequest's keys, annotations only when present.
         value = cast("McpApprovalRequest", {"type": "tool_approval", "tool_call_id": tool_call_id, **payload.to_json()})
         if request.decision is None:
@@ -380,16 +388,19 @@ def _interrupter(tool_call_id: str, execution: Execution, queue: Queue, step: st
         # The first run raises GraphInterrupt here (the execution stays paused); a resumed run gets
         # the stored answer back. Never catch around this call.
         answer = interrupt(value, response_schema=McpDecision)
-        return Decision(approved=answer.type == "approve", message=answer.message, request_id=answer.request_id)
+        # HumanInTheLoopMiddleware's decision shape, converted here: its message is the reason.
+        check_answers(execution, request, answer.request_id)
+        return ApprovalDecision(approved=answer.type == "approve", reason=answer.message)
 
     return decide
 
 
-async def _nobody_to_ask(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
-    return Decision.reject(
-        f"nobody can approve {payload.name}: the executor's approval policy is 'ask' but the graph has no "
+async def _nobody_to_ask(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
+    return ApprovalDecision(
+        approved=False,
+        reason=f"nobody can approve {payload.name}: the executor's approval policy is 'ask' but the graph has no "
         "checkpointer to pause on; compile the graph with a checkpointer, or give CodeExecutor an approval "
-        "policy (ApprovalRules, a callback or 'auto')"
+        "policy (ApprovalRules, a callback or 'auto')",
     )
 
 

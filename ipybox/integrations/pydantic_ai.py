@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+import warnings
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from pydantic_core import SchemaValidator, core_schema
 
 from ipybox import (
     Approval,
+    ApprovalDecision,
     ApprovalRequest,
     CodeExecutionChunk,
     CodeExecutor,
@@ -65,15 +67,17 @@ from ipybox.integrations._core import (
     ActionOutcome,
     ApprovalPayload,
     Catalogue,
-    Decision,
     ToolText,
+    check_answers,
     describe_tools,
     drive,
+    parse_decision,
     search_stubs,
     start_or_attach,
 )
 
-# ApprovalPayload and Decision are what pending_mcp_calls returns and mcp_approval_results takes.
+# ApprovalPayload is what pending_mcp_calls returns; Decision is the deprecated shape of what
+# mcp_approval_results takes (an ApprovalDecision or a bool).
 __all__ = (
     "ApprovalPayload",
     "Decision",
@@ -120,6 +124,32 @@ _DESCRIPTION = (
     "Run Python code in a stateful, sandboxed IPython kernel. The instructions say which MCP tools the "
     "code can call and how."
 )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Deprecated: pass an `ipybox.ApprovalDecision` (whose ``reason`` this ``message`` is) or a bool
+    to `mcp_approval_results`."""
+
+    approved: bool
+    message: str | None = None
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        warnings.warn(
+            "ipybox.integrations.pydantic_ai.Decision is deprecated; use ipybox.ApprovalDecision(approved=..., "
+            "reason=...) or a bool",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+
+    @classmethod
+    def approve(cls) -> Decision:
+        return cls(approved=True)
+
+    @classmethod
+    def reject(cls, message: str | None = None) -> Decision:
+        return cls(approved=False, message=message)
 
 
 @dataclass(kw_only=True)
@@ -256,11 +286,13 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
             raise ToolFailed(ActionOutcome.lost(exc).text) from None
         resumed = ctx.tool_call_approved
 
-        async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+        async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
             nonlocal resumed
             if resumed and self._surfaced.get(execution) == request.id:
                 resumed = False
-                return _resume_decision(ctx.tool_call_metadata)
+                decision, request_id = _resume_decision(ctx.tool_call_metadata)
+                check_answers(execution, request, request_id)
+                return decision
             decision = await _ask_inline(ctx, payload)
             if decision is not None:
                 return decision
@@ -326,13 +358,13 @@ def _answers_a_request(metadata: object) -> bool:
     return isinstance(metadata, Mapping) and "request_id" in metadata
 
 
-def _resume_decision(metadata: object) -> Decision:
-    """The decision a resumed call carries: none (a plain `ToolApproved()`) approves; else what
-    `mcp_approval_results` wrote."""
-    return Decision.approve() if metadata is None else Decision.parse(metadata)
+def _resume_decision(metadata: object) -> tuple[ApprovalDecision, str | None]:
+    """The decision a resumed call carries, and the request it names: none (a plain `ToolApproved()`)
+    approves; else what `mcp_approval_results` wrote."""
+    return (ApprovalDecision(approved=True), None) if metadata is None else parse_decision(metadata)
 
 
-async def _ask_inline(ctx: RunContext[Any], payload: ApprovalPayload) -> Decision | None:
+async def _ask_inline(ctx: RunContext[Any], payload: ApprovalPayload) -> ApprovalDecision | None:
     """Offer the MCP call to the run's `HandleDeferredToolCalls` handler; None when nobody answers."""
     if ctx.tool_manager is None:
         return None
@@ -342,13 +374,16 @@ async def _ask_inline(ctx: RunContext[Any], payload: ApprovalPayload) -> Decisio
     verdict = results.to_tool_call_results().get(payload.request_id) if results is not None else None
     if verdict is None:
         return None
+    # PydanticAI's verdicts, converted here: a denial's message is the reason.
     if isinstance(verdict, ToolApproved):
         if verdict.override_args is not None:
-            return Decision.reject("the approver tried to change the call's arguments, which ipybox cannot do")
-        return Decision.approve()
+            reason = "the approver tried to change the call's arguments, which ipybox cannot do"
+            return ApprovalDecision(approved=False, reason=reason)
+        return ApprovalDecision(approved=True)
     if isinstance(verdict, ToolDenied):
-        return Decision.reject(verdict.message)
-    return Decision.reject(f"the approval handler answered with {type(verdict).__name__}, not an approval")
+        return ApprovalDecision(approved=False, reason=verdict.message)
+    reason = f"the approval handler answered with {type(verdict).__name__}, not an approval"
+    return ApprovalDecision(approved=False, reason=reason)
 
 
 def _tool_return(outcome: ActionOutcome) -> str | list[str | BinaryContent]:
@@ -389,7 +424,7 @@ def pending_mcp_calls(requests: DeferredToolRequests) -> dict[str, ApprovalPaylo
 
 def mcp_approval_results(
     requests: DeferredToolRequests,
-    decisions: Mapping[str, Decision | bool],
+    decisions: Mapping[str, ApprovalDecision | Decision | bool],
     *,
     answered_by: Mapping[str, str] | None = None,
 ) -> DeferredToolResults:
@@ -397,8 +432,9 @@ def mcp_approval_results(
 
     Each decision, approval or rejection, is sent as `ToolApproved` with the decision in its
     metadata: PydanticAI then calls the tool again, which re-attaches to the paused code and answers
-    the MCP call, and a rejection raises ``ToolCallRejected(message)`` in the code, which may go on.
-    (A bare `ToolDenied` aborts the whole code action instead.)
+    the MCP call, and a rejection raises ``ToolCallRejected(reason)`` in the code, which may go on.
+    (A bare `ToolDenied` aborts the whole code action instead.) A decision is an `ApprovalDecision`
+    or a bool (the deprecated `Decision` is still read).
 
     Raises:
         UsageError: A key of ``decisions`` is not one of ``pending_mcp_calls(requests)``.
@@ -411,11 +447,20 @@ def mcp_approval_results(
         )
     results = DeferredToolResults(answered_by=dict(answered_by or {}))
     for tool_call_id, value in decisions.items():
-        decision = Decision(approved=value) if isinstance(value, bool) else value
+        approved, reason = _approved_and_reason(value)
         results.approvals[tool_call_id] = ToolApproved()
+        # The frameworks' resume shape (parse_decision reads it back): "message" is the reason.
         results.metadata[tool_call_id] = {
-            "type": "approve" if decision.approved else "reject",
+            "type": "approve" if approved else "reject",
             "request_id": pending[tool_call_id].request_id,
-            **({"message": decision.message} if not decision.approved and decision.message else {}),
+            **({"message": reason} if not approved and reason else {}),
         }
     return results
+
+
+def _approved_and_reason(value: ApprovalDecision | Decision | bool) -> tuple[bool, str | None]:
+    if isinstance(value, bool):
+        return value, None
+    if isinstance(value, Decision):
+        return value.approved, value.message
+    return value.approved, value.reason

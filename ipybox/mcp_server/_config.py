@@ -70,15 +70,14 @@ class ServerConfig:
         max_output_chars: Default characters of output returned by one cell.
         max_code_chars: The longest code string accepted.
         max_file_bytes: The largest file ``upload_file``/``download_file`` move.
-        approval: What happens to a tool call from kernel code that no rule decides: ``"ask"`` the
-            client's user through MCP elicitation (rejected with a hint when the client cannot be
-            asked), ``"auto"`` approve, ``"deny"`` reject.
-        allow: ``server.tool`` globs approved without asking (tool calls only: see `ApprovalRules`).
-        deny: ``server.tool`` globs always rejected (wins over everything).
-        deny_net: Destinations (written as in `Network.allow`) always rejected when asked for.
-        allow_read_only: Approve tools annotated ``readOnlyHint: true``. A server is started only for
-            an approved call, so its annotations are known from the second call on: the first call
-            to a server is decided by the other rules.
+        approval: The `ApprovalRules` of every session's tool calls and asked connections, built
+            once from the command line and the config file (``--allow``, ``--deny``, ``--deny-net``,
+            ``--allow-read-only``, ``--approval``). What they leave open (``otherwise="ask"``) goes to
+            the client's user through MCP elicitation (rejected with a hint when the client cannot be
+            asked). ``"ask"``, ``"auto"`` and ``"deny"`` are shorthands for rules with only
+            ``otherwise`` (``"ask"``, ``"accept"``, ``"reject"``). With ``allow_read_only``, mind
+            that a server is started only for an approved call, so its annotations are known from
+            the second call on: the first call to a server is decided by the other rules.
         servers: MCP servers registered in every session at its start.
         allow_register: Whether clients may register servers (which runs commands on the host).
         idle_ttl: Seconds without a request after which a session's kernel is shut down; the next
@@ -105,11 +104,7 @@ class ServerConfig:
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     max_code_chars: int = 1_000_000
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
-    approval: ApprovalMode = "ask"
-    allow: tuple[str, ...] = ()
-    deny: tuple[str, ...] = ()
-    deny_net: tuple[str, ...] = ()
-    allow_read_only: bool = False
+    approval: ApprovalRules | ApprovalMode = field(default_factory=ApprovalRules)
     servers: Mapping[str, StdioServer | HttpServer] = field(default_factory=dict[str, StdioServer | HttpServer])
     allow_register: bool = True
     idle_ttl: float = DEFAULT_IDLE_TTL
@@ -121,9 +116,12 @@ class ServerConfig:
         check_network(self.network, self.sandbox)
         if not self.workspace.is_dir():
             raise UsageError(f"workspace {str(self.workspace)!r} is not an existing directory; create it first")
-        if self.approval not in ("ask", "auto", "deny"):
-            raise UsageError(f"approval must be 'ask', 'auto' or 'deny', got {self.approval!r}")
-        self.rules  # noqa: B018  (checks the patterns now rather than at the first tool call)
+        if isinstance(self.approval, str):
+            if self.approval not in _OTHERWISE:
+                raise UsageError(f"approval must be ApprovalRules, 'ask', 'auto' or 'deny', got {self.approval!r}")
+            object.__setattr__(self, "approval", ApprovalRules(otherwise=_OTHERWISE[self.approval]))
+        elif not isinstance(self.approval, ApprovalRules):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"approval must be ApprovalRules, 'ask', 'auto' or 'deny', got {self.approval!r}")
         for name, value in (("max_timeout", self.max_timeout), ("idle_ttl", self.idle_ttl)):
             if not value > 0:
                 raise UsageError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -139,14 +137,9 @@ class ServerConfig:
 
     @property
     def rules(self) -> ApprovalRules:
-        """The approval rules of every session: the globs, then the mode."""
-        return ApprovalRules(
-            allow=self.allow,
-            deny=self.deny,
-            deny_net=self.deny_net,
-            allow_read_only=self.allow_read_only,
-            otherwise=_OTHERWISE[self.approval],
-        )
+        """The approval rules of every session (`approval`, never a shorthand once built)."""
+        assert isinstance(self.approval, ApprovalRules)
+        return self.approval
 
 
 _OTHERWISE: dict[str, Literal["ask", "accept", "reject"]] = {"ask": "ask", "auto": "accept", "deny": "reject"}
@@ -390,8 +383,16 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     for pattern in deny:
         check_tool_pattern(pattern, "--deny", "--deny-net (with --ask-net)")
     mode: object = args.approval or policy.get("mode", "ask")
-    if mode not in ("ask", "auto", "deny"):
+    if mode not in _OTHERWISE:
         raise UsageError(f"approval mode in {source} must be 'ask', 'auto' or 'deny', got {mode!r}")
+    # The one rules object of every session, built here once.
+    rules = ApprovalRules(
+        allow=allow,
+        deny=deny,
+        deny_net=args.deny_net,
+        allow_read_only=args.allow_read_only or policy.get("allowReadOnly") is True,
+        otherwise=_OTHERWISE[cast("str", mode)],
+    )
     limits = Limits()
     if args.memory_mb is not None:
         limits = Limits(memory=args.memory_mb * 1024**2 if args.memory_mb > 0 else None)
@@ -414,11 +415,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         env=_pairs(args.env),
         limits=limits,
         timeouts=timeouts,
-        approval=mode,
-        allow=allow,
-        deny=deny,
-        deny_net=tuple(args.deny_net),
-        allow_read_only=args.allow_read_only or policy.get("allowReadOnly") is True,
+        approval=rules,
         servers=servers,
         # Registering a server starts a command on this host: a local stdio client may, a network
         # client only when the operator says so.

@@ -32,6 +32,7 @@ from ipybox._exceptions import IpyboxError
 from ipybox._execution import Execution
 from ipybox._executor import CodeExecutor
 from ipybox._mcp import HttpServer, StdioServer
+from ipybox._policies import ApprovalChain
 from ipybox._pool import KernelPool
 from ipybox.codegen._codegen import generate_mcp_sources
 from ipybox.network._request import NetworkRequest
@@ -152,7 +153,8 @@ class Session:
             limits=config.limits,
             timeouts=config.timeouts,
             tools_dir=self.tools_dir,
-            approval=self._approve,
+            # The configuration's rules first; what they leave open, the client's user.
+            approval=ApprovalChain(config.rules, self._ask_user),
             skills_dir=config.skills_dir,
             network=config.network,
             pool=pool,
@@ -234,10 +236,11 @@ class Session:
     def asking(self, execution: Execution, ctx: Context) -> Generator[None]:
         """Send the prompts of ``execution``'s calls to the client of ``ctx``, with its code.
 
-        The executor's policy is one callback for every execution, which finds the client by the
-        request's execution: the gate refuses the calls of an execution whose policy differs from an
-        earlier one's (code that one left behind could be making them), and a request never goes
-        to another request's client, even while a cancelled execution is still winding down.
+        The executor's policy is one chain for every execution (the rules, then the client's user),
+        which finds the client by the request's execution: the gate refuses the calls of an execution
+        whose policy differs from an earlier one's (code that one left behind could be making them),
+        and a request never goes to another request's client, even while a cancelled execution is
+        still winding down.
         """
         self._asking[execution.id] = (ctx, execution.code)
         try:
@@ -245,12 +248,10 @@ class Session:
         finally:
             del self._asking[execution.id]
 
-    async def _approve(self, request: ApprovalRequest) -> ApprovalDecision:
+    async def _ask_user(self, request: ApprovalRequest) -> ApprovalDecision:
+        """Ask the client's user about a request the rules left open (MCP elicitation)."""
         # The request's id is "<execution id>:<n>" (ApprovalRequest.id).
         ctx, code = self._asking.get(request.id.rsplit(":", 1)[0], (None, ""))
-        decision = self.config.rules.decide(request)
-        if decision is not None:
-            return decision
         name = request.rule_name
         capabilities = ctx.client_capabilities if ctx is not None else None
         can_ask = ctx is not None and ctx.request_context.session.can_send_request
@@ -261,7 +262,6 @@ class Session:
                 fix = f"'--allow {name}' (or another --allow glob), '--allow-read-only' or '--approval auto'"
             return ApprovalDecision(
                 approved=False,
-                by="policy",
                 reason=(
                     f"{name} needs approval, but this MCP client cannot ask its user (no elicitation support); "
                     f"start ipybox with {fix}"

@@ -12,8 +12,18 @@ from pathlib import Path
 import pytest
 from network_support import serving
 
-from ipybox import ApprovalRequest, ApprovalRules, CodeExecutionResult, CodeExecutor, Network
-from ipybox._approval import Approval
+from ipybox import (
+    ApprovalChain,
+    ApprovalRequest,
+    ApprovalRules,
+    CodeExecutionResult,
+    CodeExecutor,
+    Network,
+    ToolCallDecided,
+    ToolCallEvent,
+    ToolCallFinished,
+)
+from ipybox._policies import Approval
 
 pytestmark = pytest.mark.anyio
 
@@ -150,3 +160,36 @@ async def test_a_thread_left_by_a_code_action_that_rejects_everything_cannot_con
             assert requests == []
             assert released.text.startswith("403 ") and "reset()" in released.text, released.text
             assert web.paths == []
+
+
+async def test_composed_policies_keep_left_behind_code_from_a_later_actions_laxer_chain(
+    workspace: Path, tools_dir: Path
+) -> None:
+    events: list[ToolCallEvent] = []
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, on_tool_call=events.append) as executor:
+        strict = ApprovalChain(ApprovalRules(deny=["test.*"]), "ask")
+        _, left = await run_under(executor, LEAVE_THREADS, strict)
+        assert left.text == "left running\n"
+
+        # An equal chain (another object with the same members) is the same policy: it decides.
+        again = ApprovalChain(ApprovalRules(deny=["test.*"]), "ask")
+        requests, denied = await run_under(executor, CATCH_OWN_CALL, again)
+        assert requests == [] and denied.text == "rejected: test.add is denied by the approval rules\n"
+
+        # A chain that approves what the earlier one denied: neither the threads left behind nor the
+        # action's own call may be decided by it.
+        lax = ApprovalChain(ApprovalRules(allow=["test.*"]), "ask")
+        requests, released = await run_under(executor, RELEASE_THREADS, lax)
+        assert requests == []
+        outcomes = dict(line.split(" -> ", 1) for line in released.text.splitlines())
+        assert all(outcome.startswith("rejected: ") for outcome in outcomes.values()), outcomes
+        requests, own = await run_under(executor, CATCH_OWN_CALL, lax)
+        assert requests == [] and own.text.startswith(REFUSED)
+
+    # The hook saw every refusal as ipybox's, none as the lax chain's, and no call ran.
+    decided = [e for e in events if isinstance(e, ToolCallDecided)]
+    assert len(decided) == 4 and not any(e.decision.approved for e in decided)
+    assert [e.decision.by for e in decided] == ["policy", "ipybox", "ipybox", "ipybox"]
+    assert decided[0].call_id is not None and all(e.call_id is None for e in decided[1:])
+    finished = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert [e.error for e in finished] == ["rejected"] * 4

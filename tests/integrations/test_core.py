@@ -14,10 +14,12 @@ import anyio
 import pytest
 
 from ipybox import (
+    ApprovalDecision,
     ApprovalRequest,
     CodeExecutionChunk,
     CodeExecutionError,
     CodeExecutor,
+    Execution,
     ExecutionError,
     ExecutionLost,
     UsageError,
@@ -25,9 +27,10 @@ from ipybox import (
 from ipybox.integrations._core import (
     ActionOutcome,
     ApprovalPayload,
-    Decision,
+    check_answers,
     describe_tools,
     drive,
+    parse_decision,
     search_stubs,
     start_or_attach,
     tool_instructions,
@@ -40,11 +43,11 @@ class Paused(Exception):
     """Stands for a framework's interrupt: it ends the tool body and leaves the execution paused."""
 
 
-def interrupting(answers: dict[str, Decision]):
+def interrupting(answers: dict[str, ApprovalDecision]):
     """A decide function that answers from ``answers`` by request id, and 'interrupts' otherwise."""
     asked: list[ApprovalPayload] = []
 
-    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
         asked.append(payload)
         if request.id in answers:
             return answers[request.id]
@@ -119,17 +122,20 @@ async def test_a_tool_body_run_once_per_approval_runs_the_code_once(
     executor: CodeExecutor, module_workspace: Path
 ) -> None:
     (module_workspace / "side_effect.txt").unlink(missing_ok=True)
-    answers: dict[str, Decision] = {}
+    answers: dict[str, ApprovalDecision] = {}
     shown: list[str] = []
     runs = 0
 
     async def show(chunk: CodeExecutionChunk) -> None:
         shown.append(chunk.text)
 
+    executions: list[Execution] = []
+
     async def tool_body() -> ActionOutcome:
         nonlocal runs
         runs += 1
         execution = start_or_attach(executor, "core:thread-1:call-1", TWO_CALLS, approval="ask")
+        executions.append(execution)
         decide, _ = interrupting(answers)
         return await drive(execution, decide, on_output=show)
 
@@ -140,14 +146,18 @@ async def test_a_tool_body_run_once_per_approval_runs_the_code_once(
                 outcome = await tool_body()
             except Paused as paused:
                 payload: ApprovalPayload = paused.args[0]
-                answers[payload.request_id] = (
-                    Decision.approve() if payload.tool == "greet" else Decision.reject("not now")
+                answers[payload.request_id] = ApprovalDecision(
+                    approved=payload.tool == "greet", reason=None if payload.tool == "greet" else "not now"
                 )
     assert runs == 3
     assert outcome.error is None
     assert outcome.text == "before\nHello, a!\nrejected: not now\n"
     assert shown == ["before\n", "Hello, a!\n", "rejected: not now\n"]  # nothing shown twice
     assert (module_workspace / "side_effect.txt").read_text() == "ran\n"
+    # The adapter's answers are marked as the adapter's, whatever the framework's shape was.
+    assert executions[0] is executions[-1]
+    decided = [event.decision for event in executions[0].log if isinstance(event, ApprovalRequest) and event.decision]
+    assert [(d.approved, d.reason, d.by) for d in decided] == [(True, None, "adapter"), (False, "not now", "adapter")]
 
 
 async def test_the_payload_is_plain_json_naming_what_the_host_will_run(executor: CodeExecutor) -> None:
@@ -185,8 +195,10 @@ async def test_a_resume_whose_executor_was_replaced_reports_lost_and_runs_nothin
 async def test_a_decision_for_another_request_cancels_and_reports_lost(executor: CodeExecutor) -> None:
     execution = start_or_attach(executor, "core:mismatch", "from mcptools.test import greet\ngreet.run({'name': 'm'})")
 
-    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
-        return Decision(approved=True, request_id="x0:1")
+    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
+        # An answer that names another request, checked at the adapter's edge.
+        check_answers(execution, request, "x0:1")
+        return ApprovalDecision(approved=True)
 
     with anyio.fail_after(30):
         outcome = await drive(execution, decide)
@@ -210,15 +222,18 @@ async def test_a_code_error_becomes_an_outcome_with_the_clean_traceback(executor
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
-        ({"type": "approve"}, Decision(approved=True)),
-        ({"type": "reject", "message": "no"}, Decision(approved=False, message="no")),
-        ({"type": "reject", "request_id": "x1:2"}, Decision(approved=False, request_id="x1:2")),
-        (True, Decision(approved=True)),
-        (Decision.reject("r"), Decision(approved=False, message="r")),
+        ({"type": "approve"}, (ApprovalDecision(approved=True), None)),
+        ({"type": "reject", "message": "no"}, (ApprovalDecision(approved=False, reason="no"), None)),
+        ({"type": "reject", "request_id": "x1:2"}, (ApprovalDecision(approved=False), "x1:2")),
+        (True, (ApprovalDecision(approved=True), None)),
+        (ApprovalDecision(approved=False, reason="r"), (ApprovalDecision(approved=False, reason="r"), None)),
     ],
 )
-def test_decisions_are_read_from_the_shapes_people_resume_with(value: object, expected: Decision) -> None:
-    assert Decision.parse(value) == expected
+def test_decisions_are_read_from_the_shapes_people_resume_with(
+    value: object, expected: tuple[ApprovalDecision, str | None]
+) -> None:
+    # The frameworks' "message" is the one vocabulary's reason.
+    assert parse_decision(value) == expected
 
 
 @pytest.mark.parametrize(
@@ -226,4 +241,4 @@ def test_decisions_are_read_from_the_shapes_people_resume_with(value: object, ex
 )
 def test_anything_else_is_a_usage_error_showing_the_accepted_shapes(value: object) -> None:
     with pytest.raises(UsageError, match=r"\{'type': 'approve'\}"):
-        Decision.parse(value)
+        parse_decision(value)

@@ -41,7 +41,7 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 from servers.fixtures import stdio_server
 from servers.test_server import png_bytes
 
-from ipybox import ApprovalRules, CodeExecutor, UsageError, generate_mcp_sources
+from ipybox import ApprovalDecision, ApprovalRules, CodeExecutor, UsageError, generate_mcp_sources
 from ipybox.integrations.pydantic_ai import (
     Decision,
     IpyboxToolset,
@@ -181,7 +181,7 @@ async def test_a_rejection_built_by_the_helper_reaches_the_code_which_goes_on(
 ) -> None:
     def decide(requests: DeferredToolRequests) -> DeferredToolResults:
         decisions = {
-            tool_call_id: Decision.approve() if payload.tool == "greet" else Decision.reject("adding is off")
+            tool_call_id: True if payload.tool == "greet" else ApprovalDecision(approved=False, reason="adding is off")
             for tool_call_id, payload in pending_mcp_calls(requests).items()
         }
         return mcp_approval_results(requests, decisions)
@@ -189,6 +189,21 @@ async def test_a_rejection_built_by_the_helper_reaches_the_code_which_goes_on(
     result = await run_to_the_end(executor, GREET_THEN_ADD.format(marker="helper.txt"), decide)
     assert result.output == "Hello, a!\nrejected: adding is off\n"
     assert (module_workspace / "helper.txt").read_text() == "ran\n"
+
+
+def test_the_deprecated_decision_still_builds_the_same_results() -> None:
+    call = ToolCallPart("test__add", {"a": 1}, tool_call_id="c1")
+    payload = {"request_id": "x9:1", "server": "test", "tool": "add", "args": {"a": 1}, "description": "d"}
+    requests = DeferredToolRequests(approvals=[call], metadata={"c1": payload})
+    with pytest.warns(DeprecationWarning, match="use ipybox.ApprovalDecision"):
+        old = Decision.reject("no")
+    new = ApprovalDecision(approved=False, reason="no")
+    assert mcp_approval_results(requests, {"c1": old}).metadata == mcp_approval_results(requests, {"c1": new}).metadata
+    assert mcp_approval_results(requests, {"c1": new}).metadata["c1"] == {
+        "type": "reject",
+        "request_id": "x9:1",
+        "message": "no",
+    }
 
 
 async def test_a_policy_of_its_own_lets_the_toolset_run_without_pydantic_ai_approvals(executor: CodeExecutor) -> None:

@@ -27,9 +27,9 @@ from ipybox.integrations._core import (
     TOOL_NAME,
     ApprovalPayload,
     Catalogue,
-    Decision,
     describe_tools,
     drive,
+    parse_decision,
     search_stubs,
     tool_instructions,
 )
@@ -49,7 +49,7 @@ __all__ = (
 
 ApprovalHandler: TypeAlias = Callable[
     [RunContextWrapper[Any], ApprovalRequest],
-    "bool | Decision | ApprovalDecision | Awaitable[bool | Decision | ApprovalDecision]",
+    "bool | ApprovalDecision | Awaitable[bool | ApprovalDecision]",
 ]
 """Decides one MCP call while the tool waits: ``(run context, request) -> approved?``. The run context
 is the tool's (``ctx.context`` is the application's context object, ``ctx.tool_call_id`` the call)."""
@@ -145,17 +145,14 @@ def _waiting_tool(
             code: The Python code to run.
         """
 
-        async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+        async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
             if handler is None:
-                return Decision.reject(
-                    f"nobody can approve {payload.name} here: the application set no approval for this tool"
-                )
+                reason = f"nobody can approve {payload.name} here: the application set no approval for this tool"
+                return ApprovalDecision(approved=False, reason=reason)
             answer = handler(ctx, request)
             if inspect.isawaitable(answer):
                 answer = await answer
-            if isinstance(answer, ApprovalDecision):
-                return Decision(approved=answer.approved, message=answer.reason)
-            return Decision.parse(answer)
+            return parse_decision(answer)[0]
 
         # No key: nothing comes back to this execution, so a cancelled tool call cancels it.
         execution = executor.execute(code, approval="ask" if handler is not None else None, timeout=timeout)

@@ -46,9 +46,9 @@ from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from pydantic import ValidationError
 
-from ipybox import ApprovalRequest, CodeExecutor, Execution, ExecutionLost, UsageError
+from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutor, Execution, ExecutionLost, UsageError
 from ipybox._approvaltext import safe_json
-from ipybox.integrations._core import ActionOutcome, ApprovalPayload, Decision, drive, start_or_attach
+from ipybox.integrations._core import ActionOutcome, ApprovalPayload, drive, start_or_attach
 from ipybox_kernel._search import tool_index
 
 from ._shared import CodeArgs, NeedsApproval, OutputHandler, output_sink, tool_output
@@ -193,7 +193,7 @@ def _approval_gate(executor: CodeExecutor, call_name: str, description: str) -> 
     async def approved(ctx: ToolContext[Any], arguments: str) -> str:
         key, request_id = _split_call_id(ctx.tool_call_id)
         try:
-            executor.attach(key).answer(request_id, True)
+            executor.attach(key).approval(request_id).decide(ApprovalDecision(approved=True, by="adapter"))
         except ExecutionLost:
             return "approved, but the code action is gone"
         return "approved"
@@ -240,7 +240,7 @@ class _Ask(Exception):
         self.payload = payload
 
 
-async def _ask(request: ApprovalRequest, payload: ApprovalPayload) -> Decision:
+async def _ask(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
     raise _Ask(request, payload)
 
 
@@ -310,8 +310,11 @@ class _KernelDriver(Model):
                     for item in items:
                         if _field(item, "type") == "function_call_output":
                             request_id = _split_call_id(str(_field(item, "call_id")))[1]
-                            if execution.approval(request_id).decision is None:
-                                execution.answer(request_id, False, _text(_field(item, "output")) or None)
+                            request = execution.approval(request_id)
+                            if request.decision is None:
+                                # The SDK's rejection message, converted here: it is the reason.
+                                reason = _text(_field(item, "output")) or None
+                                request.decide(ApprovalDecision(approved=False, reason=reason, by="adapter"))
                 except ExecutionLost as exc:
                     return self._respond(key, ActionOutcome.lost(exc))
             return self._respond(key, await self._advance(key, execution))
