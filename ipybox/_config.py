@@ -7,14 +7,16 @@ objects (or their defaults) rather than declaring their own.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Literal, cast
 
 from ._exceptions import UsageError
 
-__all__ = ("Limits", "SandboxConfig", "Timeouts", "check_kernel_settings", "check_seconds")
+__all__ = ("KernelSettings", "Limits", "SandboxConfig", "Timeouts", "check_kernel_settings", "check_seconds")
 
 
 def check_seconds(value: object, what: str) -> None:
@@ -131,3 +133,88 @@ class SandboxConfig:
                 raise UsageError(f"sandbox paths must be absolute, got {str(path)!r}")
             if not Path(path).exists():
                 raise UsageError(f"sandbox path {str(path)!r} does not exist; create it or remove it")
+
+
+def _check_env(env: object) -> dict[str, str]:
+    """``env`` as a dict, or UsageError unless it maps str to str."""
+    if not isinstance(env, Mapping):
+        raise UsageError(f"env must be a mapping of str to str, got {env!r}")
+    for name, value in cast("Mapping[object, object]", env).items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise UsageError(f"env must map str to str; {name!r}: {value!r} is not")
+    return dict(cast("Mapping[str, str]", env))
+
+
+def _dir_given(value: object, what: str) -> Path | None:
+    """A tools or skills directory as given: made absolute, not resolved (every kernel start checks
+    it again for symlinks planted since)."""
+    if value is None:
+        return None
+    path = cast("str | os.PathLike[str]", value)
+    if not isinstance(value, str | os.PathLike) or not os.fspath(path):
+        raise UsageError(f"KernelSettings.{what} must be a path or None, got {value!r}")
+    return Path(os.path.join(os.getcwd(), path))
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelSettings:
+    """What a kernel is started with: one value shared by `CodeExecutor`, `KernelPool` and the MCP
+    server's configuration, checked when it is made.
+
+    Attributes:
+        workspace: The kernel's working directory, the only place it can write; must exist (kept
+            resolved).
+        sandbox: ``"auto"`` (bubblewrap; a start refuses if it is not usable), a `SandboxConfig`, or
+            None for no sandbox (code can then do anything your user can).
+        env: Extra environment variables for the kernel (the host's own are not passed on).
+        limits: The kernel's resource limits and one execution's output cap.
+        tools_dir: Where `generate_mcp_sources` writes the typed tool packages, mounted read-only
+            and importable (None: none); kept absolute, not resolved: each start checks it again.
+        skills_dir: Where skills are saved, mounted read-only and importable as ``skills`` (None:
+            none); kept like ``tools_dir``.
+        network: Whether the kernel is started ready for a network proxy (the forwarder, its
+            environment and the proxy socket): what a `Network` policy needs in the kernel. The
+            policy itself is each executor's.
+    """
+
+    workspace: Path = field(default_factory=Path)
+    sandbox: SandboxConfig | Literal["auto"] | None = "auto"
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType[str, str]({}))
+    limits: Limits = field(default_factory=lambda: Limits())
+    tools_dir: Path | None = Path("mcptools")
+    skills_dir: Path | None = None
+    network: bool = False
+
+    def __post_init__(self) -> None:
+        given = cast("object", self.workspace)
+        if not isinstance(given, str | os.PathLike):
+            raise UsageError(f"KernelSettings.workspace must be a path, got {given!r}")
+        path = cast("str | os.PathLike[str]", given)
+        workspace = Path(path).resolve()
+        if not workspace.is_dir():
+            raise UsageError(f"workspace {os.fspath(path)!r} is not an existing directory; create it first")
+        sandbox = cast("object", self.sandbox)
+        if sandbox is not None and sandbox != "auto" and not isinstance(sandbox, SandboxConfig):
+            raise UsageError(f"sandbox must be 'auto', a SandboxConfig or None, got {sandbox!r}")
+        limits = cast("object", self.limits)
+        if not isinstance(limits, Limits):
+            raise UsageError(f"limits must be a Limits, got {limits!r}")
+        network = cast("object", self.network)
+        if not isinstance(network, bool):
+            raise UsageError(
+                f"network must be True or False (whether the kernel is started ready for a network proxy), "
+                f"got {network!r}; the policy, Network(...), is each CodeExecutor's"
+            )
+        # Normalized in place (frozen: through object.__setattr__), so that equal settings compare equal.
+        object.__setattr__(self, "workspace", workspace)
+        object.__setattr__(self, "env", MappingProxyType(_check_env(self.env)))
+        object.__setattr__(self, "tools_dir", _dir_given(self.tools_dir, "tools_dir"))
+        object.__setattr__(self, "skills_dir", _dir_given(self.skills_dir, "skills_dir"))
+
+    def differences(self, other: KernelSettings, *, dirs: bool = True) -> list[str]:
+        """The names of the settings that differ; ``dirs=False`` leaves out the workspace and the
+        tools directory (a pool with separate workspaces gives each kernel its own)."""
+        names = [item.name for item in fields(self)]
+        if not dirs:
+            names = [name for name in names if name not in ("workspace", "tools_dir")]
+        return [name for name in names if getattr(self, name) != getattr(other, name)]
