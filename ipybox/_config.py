@@ -245,8 +245,9 @@ def take_settings(own: KernelSettings, requested: KernelSettings, *, owner: str,
 
     A setting the executor left at its default takes the source's; one it set to another value is
     an error rather than a kernel started some other way than asked. ``network`` has no default to
-    take: an executor without a `Network` cannot serve a kernel started for one, nor the other way
-    round. ``dirs=False`` leaves out the workspace and the tools directory (a pool with separate
+    take (an executor without a `Network` cannot serve a kernel started for one, nor the other way
+    round), and neither has a source's ``sandbox=None``: the default ``"auto"`` asks for the
+    sandbox, so running without one must be asked for on the executor too. ``dirs=False`` leaves out the workspace and the tools directory (a pool with separate
     workspaces gives each kernel its own): the requested ones are kept.
 
     Raises:
@@ -254,16 +255,25 @@ def take_settings(own: KernelSettings, requested: KernelSettings, *, owner: str,
     """
     # The workspace's default is the current directory: given as ".", it is taken as left out.
     default = KernelSettings()
+    # Never taken by default: an executor left at sandbox="auto" asks for the sandbox, and one
+    # without a Network cannot serve a kernel started for one (nor the other way round).
+    unsandboxed = own.sandbox is None
+    strict = {"network", *(["sandbox"] if unsandboxed else [])}
     conflicts = [
         name
         for name in own.differences(requested, dirs=dirs)
-        if name == "network" or getattr(requested, name) != getattr(default, name)
+        if name in strict or getattr(requested, name) != getattr(default, name)
     ]
     problems: list[str] = []
-    if others := [name for name in conflicts if name != "network"]:
+    if others := [name for name in conflicts if name not in strict]:
         problems.append(
             f"the executor's kernel settings differ from its {owner}'s in {', '.join(others)}: leave them out "
             f"of CodeExecutor(...) to take the {owner}'s, or give the {owner} the same"
+        )
+    if "sandbox" in conflicts and unsandboxed:
+        problems.append(
+            f"the {owner}'s kernels run without a sandbox: give the executor sandbox=None too to accept that, "
+            f"or use a {owner} with the sandbox"
         )
     if "network" in conflicts:
         fix = "give the executor a Network(...)" if own.network else "drop the executor's network="

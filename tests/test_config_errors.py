@@ -216,10 +216,17 @@ def test_an_executor_refuses_settings_that_conflict_with_its_sources_own(tmp_pat
     own = LocalKernel(KernelSettings(workspace=tmp_path, sandbox=None, limits=Limits(memory=None)))
     with pytest.raises(UsageError, match=r"differ from its LocalKernel's in limits: leave them out of CodeExecutor"):
         CodeExecutor(kernel=own, limits=Limits(memory=2 * 1024**3))
-    with pytest.raises(UsageError, match=r"differ from its LocalKernel's in workspace, sandbox"):
+    with pytest.raises(
+        UsageError, match=r"in workspace: leave them out.*; the LocalKernel's kernels run without a sandbox"
+    ):
         CodeExecutor(kernel=own, workspace=tmp_path / "..", sandbox=SandboxConfig())
-    # Left out, they are the source's.
-    executor = CodeExecutor(kernel=own)
+    # The default sandbox="auto" asks for the sandbox: it is never taken as "none" from a source.
+    with pytest.raises(
+        UsageError, match=r"LocalKernel's kernels run without a sandbox: give the executor sandbox=None"
+    ):
+        CodeExecutor(kernel=own)
+    # Left out, the others are the source's.
+    executor = CodeExecutor(kernel=own, sandbox=None)
     assert (executor.workspace, executor.sandbox, executor.limits) == (tmp_path.resolve(), None, Limits(memory=None))
     with pytest.raises(UsageError, match=r"kernel must be a kernel source \(LocalKernel, KernelPool, GatewayKernel\)"):
         CodeExecutor(kernel="local")  # pyright: ignore[reportArgumentType]
@@ -231,5 +238,14 @@ def test_an_executor_on_a_pool_with_separate_workspaces_keeps_its_own_directorie
     pool = KernelPool(workspace=tmp_path, separate_workspaces=True, tools_dir="mcptools", sandbox=None)
     own = tmp_path / "own"
     own.mkdir()
-    executor = CodeExecutor(pool=pool, workspace=own, tools_dir=own / "tools")
+    executor = CodeExecutor(pool=pool, workspace=own, tools_dir=own / "tools", sandbox=None)
     assert (executor.workspace, executor.sandbox) == (own, None)
+
+
+def test_an_executor_left_at_the_default_sandbox_is_refused_an_unsandboxed_pool(tmp_path: Path) -> None:
+    # Before issue #29 it started a sandboxed kernel of its own; taking the pool's "no sandbox" by
+    # default would run kernel code unsandboxed without the executor asking for it.
+    pool = KernelPool(workspace=tmp_path, sandbox=None, tools_dir=None)
+    with pytest.raises(UsageError, match=r"KernelPool's kernels run without a sandbox: give the executor sandbox=None"):
+        CodeExecutor(pool=pool)
+    assert CodeExecutor(pool=pool, sandbox=None).sandbox is None

@@ -150,6 +150,8 @@ class Session:
         # Servers listed in the tools directory's manifest are registered again on a restart.
         return CodeExecutor(
             workspace=self.workspace,
+            # Given, not taken: a source's "no sandbox" is never taken by default (--no-sandbox says it).
+            sandbox=settings.sandbox,
             timeouts=config.timeouts,
             tools_dir=self.tools_dir,
             approval=self._approve,
