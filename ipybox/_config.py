@@ -247,8 +247,9 @@ def take_settings(own: KernelSettings, requested: KernelSettings, *, owner: str,
     an error rather than a kernel started some other way than asked. ``network`` has no default to
     take (an executor without a `Network` cannot serve a kernel started for one, nor the other way
     round), and neither has a source's ``sandbox=None``: the default ``"auto"`` asks for the
-    sandbox, so running without one must be asked for on the executor too. ``dirs=False`` leaves out the workspace and the tools directory (a pool with separate
-    workspaces gives each kernel its own): the requested ones are kept.
+    sandbox, so running without one must be asked for on the executor too. ``dirs=False`` leaves
+    out the workspace and the tools directory (a pool with separate workspaces gives each kernel
+    its own): the requested ones are kept.
 
     Raises:
         UsageError: The settings conflict; the message names them and the fix.
