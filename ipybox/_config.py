@@ -229,7 +229,8 @@ class KernelSettings:
         names = [item.name for item in fields(self)]
         if not dirs:
             names = [name for name in names if name not in ("workspace", "tools_dir")]
-        return [name for name in names if getattr(self, name) != getattr(other, name)]
+        # getattr with a default: settings extended with one more mount compare with plain ones.
+        return [name for name in names if getattr(self, name) != getattr(other, name, None)]
 
 
 def resolved_sandbox(settings: KernelSettings) -> SandboxConfig | None:
@@ -263,7 +264,7 @@ def take_settings(own: KernelSettings, requested: KernelSettings, *, owner: str,
     conflicts = [
         name
         for name in own.differences(requested, dirs=dirs)
-        if name in strict or getattr(requested, name) != getattr(default, name)
+        if name in strict or getattr(requested, name, None) != getattr(default, name, None)
     ]
     problems: list[str] = []
     if others := [name for name in conflicts if name not in strict]:

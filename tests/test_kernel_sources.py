@@ -11,6 +11,8 @@ told by its process id.
 
 from __future__ import annotations
 
+import dataclasses
+import textwrap
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,8 +29,11 @@ from ipybox import (
     KernelSource,
     Limits,
     LocalKernel,
+    _mounts,
 )
 from ipybox._kernel import KernelHandle
+from ipybox._mounts import ReadOnlyMount
+from ipybox._tooldir import prepare_package_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -108,3 +113,38 @@ async def test_any_kernel_source_is_given_the_executors_host_side_for_each_kerne
     assert {host.settings.workspace for host in source.hosts} == {workspace.resolve()}
     assert source.hosts[0].settings.sandbox is not None and source.hosts[0].settings.sandbox != "auto"
     assert not source.hosts[0].home.exists()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WithData(KernelSettings):
+    """Settings with one more checked read-only mount: what a new mount adds to `KernelSettings`."""
+
+    data_dir: Path | None = None
+
+
+async def test_one_more_checked_read_only_mount_is_one_settings_field_and_one_row(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The row a new mount adds to _mounts.MOUNTS; nothing else in the host changes for it.
+    row = ReadOnlyMount(
+        setting="data_dir",
+        env="IPYBOX_DATA_DIR",
+        package="data",
+        prepare=lambda given, writable, _tools: prepare_package_dir(
+            given, kernel_writable=writable, what="data_dir", init_text="VALUE = 42\n"
+        ),
+    )
+    monkeypatch.setattr(_mounts, "MOUNTS", (*_mounts.MOUNTS, row))
+    data = workspace.parent / "data"
+    settings = WithData(workspace=workspace, tools_dir=None, data_dir=data)
+    async with CodeExecutor(kernel=LocalKernel(settings)) as executor:
+        code = """
+            import errno, os, data
+            print(data.VALUE, os.environ["IPYBOX_DATA_DIR"])
+            try:
+                open(os.path.join(data.__path__[0], "planted.py"), "w")
+            except OSError as e:
+                print(errno.errorcode[e.errno])
+            """
+        assert (await executor.execute(textwrap.dedent(code))).text == f"42 {data.resolve()}\nEROFS\n"
+    assert sorted(p.name for p in data.iterdir()) == ["__init__.py"]
