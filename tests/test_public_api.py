@@ -53,3 +53,15 @@ def test_the_lazy_names_are_the_objects_their_modules_define() -> None:
     missing = "Kernel"
     with pytest.raises(AttributeError, match="module 'ipybox' has no attribute 'Kernel'"):
         getattr(ipybox, missing)
+
+
+def test_each_kernel_source_is_public_and_has_the_kernel_source_shape() -> None:
+    # `CodeExecutor(kernel=...)` takes any of them; KernelSource is what a new one implements.
+    sources: list[ipybox.KernelSource] = [
+        ipybox.LocalKernel(),
+        ipybox.KernelPool(),
+        ipybox.GatewayKernel("http://127.0.0.1:9"),
+    ]
+    for source in sources:
+        assert callable(source.open) and callable(source.settings_for)
+    assert [source.remote for source in sources] == [False, False, True]

@@ -9,6 +9,8 @@
   waiting requests) over a channel transport: `Kernel`'s ZMTP channels, or a gateway's websocket.
 - `._process`: the kernel's interpreter, and finding its process inside the sandbox.
 - `._handle`: `KernelHandle`, what the executor needs of any kernel (local, or on a gateway).
+- `._source`: `KernelSource`, where an executor's kernels come from, and `KernelHost`, what the
+  executor gives each of them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ._client import SANDBOX_SOCKET_DIR, Kernel
 from ._handle import KernelHandle
 from ._messages import Display, Dropped, Error, KernelEvent, Mark, Reply, Stream, message_limit, strip_ansi
 from ._process import bytecode_missing, default_python
+from ._source import KernelHost, KernelSource, StartedHome
 
 __all__ = (
     "SANDBOX_SOCKET_DIR",
@@ -26,8 +29,11 @@ __all__ = (
     "Kernel",
     "KernelEvent",
     "KernelHandle",
+    "KernelHost",
+    "KernelSource",
     "Mark",
     "Reply",
+    "StartedHome",
     "Stream",
     "bytecode_missing",
     "default_python",
