@@ -27,6 +27,7 @@ from ._gateway._config import GatewayKernel
 from ._gateway._executor import check_gateway, refuse_remote
 from ._gateway._files import RemoteFiles
 from ._kernel import KernelHandle
+from ._kernel._inprocess import InProcessKernel
 from ._kernelhome import check_bytecode
 from ._kernelside import KernelSide
 from ._keyed import KeyedExecutions
@@ -116,7 +117,9 @@ class CodeExecutor:
             kernel's sandbox is the gateway's (leave ``sandbox`` at ``"auto"``); ``workspace`` then
             only receives the images of results, `upload` and `download` copy files to and from the
             kernel's working directory over the kernel protocol (in turn with executions), and
-            `install` is refused (see the "Remote kernels" documentation).
+            `install` is refused (see the "Remote kernels" documentation). In tests, an
+            `ipybox.testing.InProcessKernel` (with ``sandbox=None``): code runs in a thread of this
+            process, unsandboxed, in milliseconds.
         oauth: For MCP servers with ``"oauth"`` in their parameters: how a person authorizes
             (a callback that gets the authorization URL) and where tokens are kept, on the host
             only (`ipybox.oauth.OAuth`; default: the default token store, no person to ask). One
@@ -137,7 +140,7 @@ class CodeExecutor:
         skills_dir: Path | str | None = None,
         network: Network | None = None,
         pool: KernelPool | None = None,
-        kernel: GatewayKernel | None = None,
+        kernel: GatewayKernel | InProcessKernel | None = None,
         oauth: OAuth | None = None,
     ) -> None:
         workspace_path = Path(workspace).resolve()
@@ -147,7 +150,10 @@ class CodeExecutor:
         check_approval(approval)
         if pool is not None and not isinstance(pool, KernelPool):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"pool must be a KernelPool, got {pool!r}")
-        self.gateway = check_gateway(kernel, sandbox, pool=pool, skills_dir=skills_dir)
+        source = kernel if isinstance(kernel, InProcessKernel) else None
+        if source is not None:
+            source.check_executor(sandbox=sandbox, pool=pool, network=network)
+        self.gateway = check_gateway(None if source is not None else kernel, sandbox, pool=pool, skills_dir=skills_dir)
         self.sandbox = resolve_sandbox(sandbox) if self.gateway is None else None
         self.network = check_network(network, self.sandbox)
         self._proxy: NetworkProxy | None = None
@@ -165,6 +171,7 @@ class CodeExecutor:
             network=self.network is not None,
             pool=pool,
             gateway=self.gateway,
+            source=source,
         )
         self._gate = ApprovalGate(approval, self.timeouts.approval)
         self._stack: AsyncExitStack | None = None

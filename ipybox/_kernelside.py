@@ -24,11 +24,11 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from ._config import Limits, SandboxConfig
+from ._config import KernelSettings, Limits, SandboxConfig
 from ._exceptions import KernelStartError, UsageError
 from ._gateway._config import GatewayKernel
 from ._gateway._executor import open_gateway_kernel
-from ._kernel import KernelHandle
+from ._kernel import KernelHandle, KernelHost, KernelSource
 from ._kernelhome import kernel_writable, link_tools_dir, new_home, resolve_tools_dir, restore_home
 from ._kernelspec import KernelSpec, start_kernel
 from ._pool import KernelPool, Lease
@@ -67,6 +67,8 @@ class KernelSide:
         network: Whether the kernel reaches a network proxy.
         pool: Where to take kernels from, if anywhere.
         gateway: The gateway the kernel runs on, if it is remote.
+        source: Where kernels come from instead, if given (`KernelSource`; for now only the
+            in-process kernel of ``ipybox.testing``).
 
     Raises:
         UsageError: The tools or skills directory cannot be used (the message names the fix).
@@ -85,6 +87,7 @@ class KernelSide:
         network: bool,
         pool: KernelPool | None,
         gateway: GatewayKernel | None,
+        source: KernelSource | None = None,
     ) -> None:
         self.workspace = workspace
         self._sandbox = sandbox
@@ -94,6 +97,7 @@ class KernelSide:
         self._network = network
         self._pool = pool
         self._gateway = gateway
+        self._source = source
         self._tools_given = tools_dir
         self.tools_dir: Path | None = None
         """The real tools directory, as last checked."""
@@ -277,6 +281,10 @@ class KernelSide:
             async with lease.use() as kernel:
                 yield kernel
             return
+        if self._source is not None:
+            async with self._source.open(self._host(restarting)) as kernel:
+                yield kernel
+            return
         if self._gateway is not None:
             tools = self.tools_dir if self.tools_dir is not None and self.tools_dir.is_dir() else None
             async with open_gateway_kernel(
@@ -295,6 +303,27 @@ class KernelSide:
             self.spec(), home=self.home, token=self.token, start_timeout=self._start_timeout
         ) as kernel:
             yield kernel
+
+    def _host(self, restarting: bool) -> KernelHost:
+        """What a `KernelSource` gets for the next kernel."""
+        assert self.home is not None and self._tools is not None
+        settings = KernelSettings(
+            workspace=self.workspace,
+            sandbox=self._sandbox,
+            env=self._env,
+            limits=self._limits,
+            tools_dir=self.tools_dir,
+            skills_dir=self.skills_dir,
+            network=self._network,
+        )
+        return KernelHost(
+            settings=settings,
+            home=self.home,
+            token=self.token,
+            tool_socket=self._tools.socket_path,
+            restarting=restarting,
+            adopt=lambda _started: False,
+        )
 
     def _adopt(self, lease: Lease) -> bool:
         """Move the private directory over to a pooled kernel's: its installed packages (into the
