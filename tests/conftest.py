@@ -27,9 +27,15 @@ FAST = {
 }
 
 
+# Fixtures whose "in_process" parameter runs a test on ipybox.testing.InProcessKernel: those runs are fast.
+IN_PROCESS_FIXTURES = ("executor", "asking")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.nodeid.split("::")[0] in FAST or item.nodeid in FAST:
+        params: dict[str, object] = getattr(getattr(item, "callspec", None), "params", {})
+        in_process = any(params.get(name) == "in_process" for name in IN_PROCESS_FIXTURES)
+        if in_process or item.nodeid.split("::")[0] in FAST or item.nodeid in FAST:
             item.add_marker(pytest.mark.fast)
 
 

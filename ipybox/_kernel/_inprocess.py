@@ -29,7 +29,8 @@ How a real kernel's parts are stood in for:
 
 What one process holds once is shared by its in-process kernels: ``sys.modules`` (a tools package
 imported by one kernel is the one the next imports, so each kernel drops the tools and skills
-packages from it when it starts and stops), ``sys.path``, the working directory, IPython's global
+packages from it when it starts and stops), ``sys.path``, the working directory (the workspace of
+the kernel that started last, until the last one stops), IPython's global
 instance (``get_ipython()`` outside a cell's own namespace) and the builtins IPython installs while
 a cell runs.
 """
@@ -77,6 +78,8 @@ _CELL: contextvars.ContextVar[_Cell | None] = contextvars.ContextVar("ipybox_in_
 # Live in-process kernels; the last one to stop gives back the streams and IPython's global instance.
 _live: set[InProcessShell] = set()
 _live_lock = threading.Lock()
+# The process's working directory before the first of the live kernels moved it to its workspace.
+_cwd_before = os.getcwd()
 
 
 class _Cell:
@@ -89,16 +92,48 @@ class _Cell:
         self._events: deque[KernelEvent] = deque()
         self._arrived = anyio.Event()
         self.lock = threading.Lock()
+        self._pending: dict[Literal["stdout", "stderr"], str] = {"stdout": "", "stderr": ""}
         # Output events sent, and how many there were at the latest mark (see `InProcessShell._mark`).
         self.outputs = 0
         self.mark: int | None = None
         self.marked_outputs = 0
 
-    def emit(self, event: KernelEvent) -> None:
+    def write(self, name: Literal["stdout", "stderr"], text: str) -> None:
+        """Printed text, sent line by line as a stream sends it (the rest at the next flush)."""
         with self.lock:
-            if not isinstance(event, Mark | Reply):
-                self.outputs += 1
-            self._events.append(event)
+            self._pending[name] += text
+            pending = self._pending[name]
+            cut = pending.rfind("\n") + 1
+            if not cut:
+                return
+            self._pending[name] = pending[cut:]
+            self._add(Stream(name, pending[:cut]))
+        self._notify()
+
+    def emit(self, event: KernelEvent) -> None:
+        """An event after what was printed before it."""
+        with self.lock:
+            self._flush()
+            self._add(event)
+        self._notify()
+
+    def flush(self) -> None:
+        with self.lock:
+            self._flush()
+        self._notify()
+
+    def _flush(self) -> None:
+        for name, text in self._pending.items():
+            if text:
+                self._pending[name] = ""
+                self._add(Stream(name, text))
+
+    def _add(self, event: KernelEvent) -> None:
+        if not isinstance(event, Mark | Reply):
+            self.outputs += 1
+        self._events.append(event)
+
+    def _notify(self) -> None:
         # From any thread; the loop may be gone already (output of code that outlived its executor).
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._wake)
@@ -138,7 +173,7 @@ class _CellStream:
         if cell is None:
             return self.target.write(text)
         if text:
-            cell.emit(Stream("stderr" if self.name == "stderr" else "stdout", str(text)))
+            cell.write("stderr" if self.name == "stderr" else "stdout", str(text))
         return len(text)
 
     def writelines(self, lines: Sequence[str]) -> None:
@@ -146,8 +181,11 @@ class _CellStream:
             self.write(line)
 
     def flush(self) -> None:
-        if _CELL.get() is None:
+        cell = _CELL.get()
+        if cell is None:
             self.target.flush()
+        else:
+            cell.flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.target, name)
@@ -246,6 +284,7 @@ class InProcessShell:
         tool_socket: Path,
         token: str,
         ipython_dir: Path,
+        workspace: Path,
         import_paths: Sequence[Path] = (),
         env: Mapping[str, str] | None = None,
     ) -> AsyncGenerator[InProcessShell]:
@@ -255,6 +294,8 @@ class InProcessShell:
             tool_socket: The executor's tool server socket.
             token: The tool token.
             ipython_dir: A private directory for IPython's profile.
+            workspace: The working directory (the process's, from now until the last in-process
+                kernel stops; then the one before is restored).
             import_paths: Put first on ``sys.path`` while the kernel runs (its import root and its
                 packages directory).
             env: Further settings ``ipybox_kernel`` reads in place of the environment
@@ -270,8 +311,12 @@ class InProcessShell:
             raise KernelStartError(f"the in-process kernel could not start IPython: {exc!r}") from exc
         kernel = cls(shell, settings, import_paths)
         kernel._loop = asyncio.get_running_loop()
+        global _cwd_before
         with _live_lock:
+            if not _live:
+                _cwd_before = os.getcwd()
             _live.add(kernel)
+        os.chdir(workspace)
         kernel._enter_imports()
         kernel._thread.start()
         try:
@@ -285,6 +330,8 @@ class InProcessShell:
                 last = not _live
             if last:
                 _unroute_streams()
+                with contextlib.suppress(OSError):
+                    os.chdir(_cwd_before)
             _drop_shell(shell, last=last)
 
     # -- KernelHandle -----------------------------------------------------------------------
@@ -369,6 +416,7 @@ class InProcessShell:
         cell = _CELL.get()
         if cell is None or execution != cell.msg_id:
             return None
+        cell.flush()
         with cell.lock:
             if cell.outputs == cell.marked_outputs:
                 return cell.mark
@@ -544,6 +592,7 @@ class InProcessKernel:
             tool_socket=host.tool_socket,
             token=host.token,
             ipython_dir=host.home / "ipython",
+            workspace=settings.workspace,
             import_paths=paths,
             env=env,
         ) as shell:
