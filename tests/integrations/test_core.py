@@ -169,7 +169,10 @@ async def test_the_payload_is_plain_json_naming_what_the_host_will_run(executor:
 async def test_a_resume_whose_executor_was_replaced_reports_lost_and_runs_nothing(
     tools_dir: Path, workspace: Path
 ) -> None:
-    code = "with open('ran.txt', 'a') as f:\n    f.write('x')\nfrom mcptools.test import greet\ngreet.run({'name': 'gone'})"
+    code = (
+        "with open('ran.txt', 'a') as f:\n    f.write('x')\n"
+        "from mcptools.test import greet\ngreet.run({'name': 'gone'})"
+    )
     async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as first:
         execution = start_or_attach(first, "core:replaced", code)
         decide, _ = interrupting({})

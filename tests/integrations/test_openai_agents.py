@@ -158,7 +158,10 @@ async def test_a_state_restored_from_a_string_into_a_new_agent_resumes_the_same_
 async def test_a_resume_whose_execution_is_gone_reports_execution_lost_and_runs_nothing(
     tools_dir: Path, workspace: Path
 ) -> None:
-    code = "with open('ran.txt', 'a') as f:\n    f.write('x')\nfrom mcptools.test import greet\nprint(greet.run({'name': 'gone'}))"
+    code = (
+        "with open('ran.txt', 'a') as f:\n    f.write('x')\n"
+        "from mcptools.test import greet\nprint(greet.run({'name': 'gone'}))"
+    )
     model = scripted(code)
     async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as first:
         agent = Agent(name="coder", tools=[ipybox_tool(first)], model=model)
