@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from ._approval import ApprovalDecision as ApprovalDecision
     from ._approval import ApprovalRequest as ApprovalRequest
     from ._approval import ApprovalRules as ApprovalRules
+    from ._config import KernelSettings as KernelSettings
     from ._config import Limits as Limits
     from ._config import SandboxConfig as SandboxConfig
     from ._config import Timeouts as Timeouts
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     from ._execution import Execution as Execution
     from ._executor import CodeExecutor as CodeExecutor
     from ._gateway._config import GatewayKernel as GatewayKernel
+    from ._kernel._source import KernelHost as KernelHost
+    from ._kernel._source import KernelSource as KernelSource
+    from ._localkernel import LocalKernel as LocalKernel
     from ._mcp import HttpServer as HttpServer
     from ._mcp import StdioServer as StdioServer
     from ._packages import PackageInstallError as PackageInstallError
@@ -90,9 +94,13 @@ _LAZY = {
     "KernelConnectionLost": "._exceptions",
     "KernelDied": "._exceptions",
     "KernelError": "._exceptions",
+    "KernelHost": "._kernel._source",
     "KernelPool": "._pool",
+    "KernelSettings": "._config",
+    "KernelSource": "._kernel._source",
     "KernelStartError": "._exceptions",
     "Limits": "._config",
+    "LocalKernel": "._localkernel",
     "MCPServerError": "._exceptions",
     "Network": ".network._policy",
     "NetworkEvent": ".network._policy",
@@ -144,9 +152,13 @@ __all__ = (
     "KernelConnectionLost",
     "KernelDied",
     "KernelError",
+    "KernelHost",
     "KernelPool",
+    "KernelSettings",
+    "KernelSource",
     "KernelStartError",
     "Limits",
+    "LocalKernel",
     "MCPServerError",
     "Network",
     "NetworkEvent",

@@ -9,14 +9,23 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal, cast
 
 from ._exceptions import UsageError
 
-__all__ = ("KernelSettings", "Limits", "SandboxConfig", "Timeouts", "check_kernel_settings", "check_seconds")
+__all__ = (
+    "KernelSettings",
+    "Limits",
+    "SandboxConfig",
+    "Timeouts",
+    "check_kernel_settings",
+    "check_seconds",
+    "resolved_sandbox",
+    "take_settings",
+)
 
 
 def check_seconds(value: object, what: str) -> None:
@@ -31,12 +40,8 @@ def check_seconds(value: object, what: str) -> None:
 def check_kernel_settings(env: object, limits: object, timeouts: object) -> None:
     """Raises UsageError unless ``env`` maps str to str (or is None) and ``limits`` and ``timeouts``
     are a `Limits` and a `Timeouts` (or None)."""
-    if isinstance(env, Mapping):
-        for name, value in cast("Mapping[object, object]", env).items():
-            if not isinstance(name, str) or not isinstance(value, str):
-                raise UsageError(f"env must map str to str; {name!r}: {value!r} is not")
-    elif env is not None:
-        raise UsageError(f"env must be a mapping of str to str, got {env!r}")
+    if env is not None:
+        _check_env(env)
     if timeouts is not None and not isinstance(timeouts, Timeouts):
         raise UsageError(f"timeouts must be a Timeouts, got {timeouts!r}")
     if limits is not None and not isinstance(limits, Limits):
@@ -206,6 +211,13 @@ class KernelSettings:
                 f"got {network!r}; the policy, Network(...), is each CodeExecutor's"
             )
         # Normalized in place (frozen: through object.__setattr__), so that equal settings compare equal.
+        if isinstance(sandbox, SandboxConfig):
+            sandbox = replace(
+                sandbox,
+                ro_paths=tuple(Path(p) for p in sandbox.ro_paths),
+                rw_paths=tuple(Path(p) for p in sandbox.rw_paths),
+            )
+            object.__setattr__(self, "sandbox", sandbox)
         object.__setattr__(self, "workspace", workspace)
         object.__setattr__(self, "env", MappingProxyType(_check_env(self.env)))
         object.__setattr__(self, "tools_dir", _dir_given(self.tools_dir, "tools_dir"))
@@ -218,3 +230,49 @@ class KernelSettings:
         if not dirs:
             names = [name for name in names if name not in ("workspace", "tools_dir")]
         return [name for name in names if getattr(self, name) != getattr(other, name)]
+
+
+def resolved_sandbox(settings: KernelSettings) -> SandboxConfig | None:
+    """The sandbox of settings a source resolved (`KernelSource.settings_for`), never ``"auto"``."""
+    sandbox = settings.sandbox
+    if sandbox == "auto":
+        raise RuntimeError("the kernel settings were not resolved by their source (sandbox='auto')")
+    return sandbox
+
+
+def take_settings(own: KernelSettings, requested: KernelSettings, *, owner: str, dirs: bool = True) -> KernelSettings:
+    """``own``, the settings of a kernel source, for an executor that asked for ``requested``.
+
+    A setting the executor left at its default takes the source's; one it set to another value is
+    an error rather than a kernel started some other way than asked. ``network`` has no default to
+    take: an executor without a `Network` cannot serve a kernel started for one, nor the other way
+    round. ``dirs=False`` leaves out the workspace and the tools directory (a pool with separate
+    workspaces gives each kernel its own): the requested ones are kept.
+
+    Raises:
+        UsageError: The settings conflict; the message names them and the fix.
+    """
+    # The workspace's default is the current directory: given as ".", it is taken as left out.
+    default = KernelSettings()
+    conflicts = [
+        name
+        for name in own.differences(requested, dirs=dirs)
+        if name == "network" or getattr(requested, name) != getattr(default, name)
+    ]
+    problems: list[str] = []
+    if others := [name for name in conflicts if name != "network"]:
+        problems.append(
+            f"the executor's kernel settings differ from its {owner}'s in {', '.join(others)}: leave them out "
+            f"of CodeExecutor(...) to take the {owner}'s, or give the {owner} the same"
+        )
+    if "network" in conflicts:
+        fix = "give the executor a Network(...)" if own.network else "drop the executor's network="
+        problems.append(
+            f"the {owner}'s kernels are started {'with' if own.network else 'without'} a network forwarder: "
+            f"{fix}, or use another {owner}"
+        )
+    if problems:
+        raise UsageError("; ".join(problems))
+    if not dirs:
+        return replace(own, workspace=requested.workspace, tools_dir=requested.tools_dir)
+    return own

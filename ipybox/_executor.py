@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, NoReturn, Self
+from typing import Literal, NoReturn, Self, cast
 
 import anyio
 import anyio.abc
 
 from ._approval import Approval, check_approval
-from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings, check_seconds
+from ._config import (
+    KernelSettings,
+    Limits,
+    SandboxConfig,
+    Timeouts,
+    check_kernel_settings,
+    check_seconds,
+    resolved_sandbox,
+)
 from ._exceptions import (
     ExecutionCancelled,
     KernelStartError,
@@ -23,14 +30,12 @@ from ._exceptions import (
 )
 from ._execution import Execution, ExecutionDriver, open_execution
 from ._gate import ApprovalGate
-from ._gateway._config import GatewayKernel
-from ._gateway._executor import check_gateway, refuse_remote
 from ._gateway._files import RemoteFiles
-from ._kernel import KernelHandle
-from ._kernel._inprocess import InProcessKernel
+from ._kernel import KernelHandle, KernelSource
 from ._kernelhome import check_bytecode
 from ._kernelside import KernelSide
 from ._keyed import KeyedExecutions
+from ._localkernel import LocalKernel
 from ._manifest import load_manifest
 from ._mcp import HttpServer, StdioServer
 from ._oauth import OAuth
@@ -43,7 +48,6 @@ from ._workspace import copy_file, write_file
 from .network._policy import Network
 from .network._proxy import NetworkProxy
 from .network._setup import NET_SOCKET, check_network
-from .sandbox._sandbox import resolve_sandbox
 from .skills._store import SAVE_SKILL_SCHEMA, Skill, skill_arguments
 
 __all__ = ("CodeExecutor",)
@@ -106,20 +110,19 @@ class CodeExecutor:
             clients in the kernel reach the destinations it allows through a proxy on the host,
             and unlisted ones are denied or asked as a `NetworkRequest` (needs the sandbox).
         pool: A `KernelPool` to take kernels from (the first one, and each one after `reset` or a
-            kernel's death) instead of starting them. A pooled kernel is taken only if its settings
-            equal this executor's (with ``skills_dir`` or ``network``: a pool made with the same
-            ``skills_dir``, or with ``network=True``); otherwise the executor starts its own (and
-            logs why, once). From
-            a pool with ``separate_workspaces``, the executor works in the kernel's own workspace and
-            tools directory, not in ``workspace`` and ``tools_dir``.
-        kernel: Where the kernel runs: None for a local kernel (sandboxed as ``sandbox`` says), or a
-            `GatewayKernel` for one on Jupyter Kernel Gateway or Enterprise Gateway. A remote
+            kernel's death) instead of starting them: short for ``kernel=pool``.
+        kernel: Where the kernels come from (a `KernelSource`): None for kernels started here from
+            the settings above (`LocalKernel`), a `LocalKernel` with settings of its own, a
+            `KernelPool`, or a `GatewayKernel` for one on Jupyter Kernel Gateway or Enterprise
+            Gateway. A source with settings of its own (a pool's, a `LocalKernel`'s) decides them:
+            settings left out here take its values, and one given here that differs is a
+            `UsageError`. From a pool with ``separate_workspaces``, the executor works in the kernel's
+            own workspace and tools directory, not in ``workspace`` and ``tools_dir``. A remote
             kernel's sandbox is the gateway's (leave ``sandbox`` at ``"auto"``); ``workspace`` then
             only receives the images of results, `upload` and `download` copy files to and from the
             kernel's working directory over the kernel protocol (in turn with executions), and
-            `install` is refused (see the "Remote kernels" documentation). In tests, an
-            `ipybox.testing.InProcessKernel` (with ``sandbox=None``): code runs in a thread of this
-            process, unsandboxed, in milliseconds.
+            `install` is refused (see the "Remote kernels" documentation). In tests of your own
+            code only: `ipybox.testing.InProcessKernel` with ``sandbox=None`` (not a sandbox).
         oauth: For MCP servers with ``"oauth"`` in their parameters: how a person authorizes
             (a callback that gets the authorization URL) and where tokens are kept, on the host
             only (`ipybox.oauth.OAuth`; default: the default token store, no person to ask). One
@@ -140,47 +143,37 @@ class CodeExecutor:
         skills_dir: Path | str | None = None,
         network: Network | None = None,
         pool: KernelPool | None = None,
-        kernel: GatewayKernel | InProcessKernel | None = None,
+        kernel: KernelSource | None = None,
         oauth: OAuth | None = None,
     ) -> None:
-        workspace_path = Path(workspace).resolve()
-        if not workspace_path.is_dir():
-            raise UsageError(f"workspace {str(workspace)!r} is not an existing directory; create it first")
         check_kernel_settings(env, limits, timeouts)
         check_approval(approval)
-        if pool is not None and not isinstance(pool, KernelPool):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise UsageError(f"pool must be a KernelPool, got {pool!r}")
-        source = kernel if isinstance(kernel, InProcessKernel) else None
-        if source is not None:
-            source.check_executor(sandbox=sandbox, pool=pool, network=network)
-        self.gateway = check_gateway(None if source is not None else kernel, sandbox, pool=pool, skills_dir=skills_dir)
-        self.sandbox = resolve_sandbox(sandbox) if self.gateway is None else None
+        self.kernel = _kernel_source(kernel, pool)
+        """Where the executor's kernels come from."""
+        requested = KernelSettings(
+            workspace=Path(workspace),
+            sandbox=sandbox,
+            env=env or {},
+            limits=limits or Limits(),
+            tools_dir=Path(tools_dir) if tools_dir is not None else None,
+            skills_dir=Path(skills_dir) if skills_dir is not None else None,
+            network=network is not None,
+        )
+        settings = self.kernel.settings_for(requested)
+        self.sandbox = resolved_sandbox(settings)
         self.network = check_network(network, self.sandbox)
         self._proxy: NetworkProxy | None = None
-        self.limits = limits or Limits()
+        self.limits = settings.limits
         self.timeouts = timeouts or Timeouts()
-        self._side = KernelSide(
-            workspace=workspace_path,
-            sandbox=self.sandbox,
-            env=env or {},
-            limits=self.limits,
-            start_timeout=self.timeouts.start,
-            # As given (made absolute, not resolved): every start checks them again for planted symlinks.
-            tools_dir=Path(os.path.join(os.getcwd(), tools_dir)) if tools_dir is not None else None,
-            skills_dir=Path(os.path.join(os.getcwd(), skills_dir)) if skills_dir is not None else None,
-            network=self.network is not None,
-            pool=pool,
-            gateway=self.gateway,
-            source=source,
-        )
+        self._side = KernelSide(source=self.kernel, settings=settings, start_timeout=self.timeouts.start)
         self._gate = ApprovalGate(approval, self.timeouts.approval)
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
         self._kernels = KernelSupervisor(self._side.open)
         self._remote_files = None
-        if self.gateway is not None:
-            self._remote_files = RemoteFiles(self._kernels, self._lock, self.gateway, self.timeouts.interrupt_grace)
+        if self.kernel.remote:
+            self._remote_files = RemoteFiles(self._kernels, self._lock, self.timeouts.interrupt_grace)
         self._keyed = KeyedExecutions()
         self._tools: ToolServer | None = None
         self._oauth = oauth
@@ -206,14 +199,12 @@ class CodeExecutor:
         side = self._side
         if self.sandbox is not None:
             check_bytecode()
-        listeners = await side.begin(stack)
-        assert side.home is not None
+        home = side.begin(stack)
         self._tools = ToolServer(
-            socket_path=side.home / "tools.sock",
+            socket_path=home / "tools.sock",
             token=side.token,
             gate=self._gate.tool,
             call_timeout=self.timeouts.tool,
-            listener=listeners.tools,
             oauth=self._oauth,
         )
         self._tools.register_builtin(
@@ -233,11 +224,10 @@ class CodeExecutor:
         if self.network is not None:
             self._proxy = NetworkProxy(
                 self.network,
-                socket_path=side.home / NET_SOCKET,
+                socket_path=home / NET_SOCKET,
                 token=side.token,
                 running=self._gate.running_id,
                 ask=self._gate.network,
-                listener=listeners.net,
             )
             await self._tg.start(self._proxy.run)
         side.serve(self._tools, self._proxy)
@@ -437,7 +427,11 @@ class CodeExecutor:
         """
         self._require_running()
         assert self._side.home is not None
-        refuse_remote(self.gateway, "install")
+        if self.kernel.remote:
+            raise UsageError(
+                "CodeExecutor.install() works on the host's workspace and environment, which a remote kernel "
+                "does not see; install packages in the kernel's image"
+            )
         return await install_package(package, self._side.home / "packages")
 
     async def _install_from_kernel(self, arguments: Mapping[str, object]) -> str:
@@ -532,3 +526,24 @@ class CodeExecutor:
             functools.partial(copy_file, self.workspace, src, Path(dst), max_bytes=max_bytes, fix=fix)
         )
         return Path(dst)
+
+
+def _kernel_source(kernel: object, pool: object) -> KernelSource:
+    """``CodeExecutor(kernel=..., pool=...)`` as one kernel source.
+
+    Raises:
+        UsageError: Both are given, or one is not what it should be.
+    """
+    if pool is not None:
+        if not isinstance(pool, KernelPool):
+            raise UsageError(f"pool must be a KernelPool, got {pool!r}")
+        if kernel is not None:
+            raise UsageError("give the executor's kernels one source: kernel=... or pool=..., not both")
+        return pool
+    if kernel is None:
+        return LocalKernel()
+    if not all(callable(getattr(kernel, name, None)) for name in ("settings_for", "open")):
+        raise UsageError(
+            f"kernel must be a kernel source (LocalKernel, KernelPool, GatewayKernel) or None, got {kernel!r}"
+        )
+    return cast("KernelSource", kernel)

@@ -18,6 +18,7 @@ from ._config import SandboxConfig
 from ._exceptions import KernelStartError, UsageError
 from ._kernel import bytecode_missing
 from ._manifest import MANIFEST_DIR
+from ._mounts import ReadOnlyMount
 from ._tooldir import prepare_tools_dir, tools_dir_path
 from ._toolserver._server import ToolServer
 
@@ -49,7 +50,7 @@ def kernel_env(
     tools: Path | None,
     sandboxed: bool,
     extra: Mapping[str, str],
-    skills: Path | None = None,
+    mounts: Sequence[tuple[ReadOnlyMount, Path]] = (),
 ) -> dict[str, str]:
     """The kernel's whole environment: what Python needs, the tool channel, and ``extra``."""
     env = {name: os.environ[name] for name in _PASSED_ENV if name in os.environ}
@@ -66,15 +67,15 @@ def kernel_env(
     # Host-owned directories only: the workspace is appended to the end of sys.path by the
     # kernel's launcher, so nothing planted there shadows the tools or installed packages.
     paths = [str(home / "packages")]
-    if tools is not None or skills is not None:
+    if tools is not None or mounts:
         paths.insert(0, str(home / IMPORT_ROOT))
     env["PYTHONPATH"] = os.pathsep.join(paths)
     if tools is not None:
         # Where ipybox_kernel.search_tools reads the generated packages (mounted read-only).
         env["IPYBOX_TOOLS_DIR"] = str(tools)
-    if skills is not None:
-        # Where ipybox_kernel.list_skills reads the saved skills (mounted read-only).
-        env["IPYBOX_SKILLS_DIR"] = str(skills)
+    for mount, path in mounts:
+        # Where ipybox_kernel finds it (the skills: list_skills), mounted read-only.
+        env[mount.env] = str(path)
     env["IPYBOX_TOOL_SOCKET"] = str(home / "tools.sock")
     env["IPYBOX_TOOL_TOKEN"] = token
     if sandboxed:
@@ -88,16 +89,17 @@ def kernel_env(
 
 
 def kernel_sandbox(
-    sandbox: SandboxConfig | None, home: Path, *, tools: Path | None, skills: Path | None = None
+    sandbox: SandboxConfig | None, home: Path, *, tools: Path | None, imports: bool = False
 ) -> SandboxConfig | None:
-    """``sandbox`` with the executor's private paths added read-only."""
+    """``sandbox`` with the executor's private paths added read-only (the import root with ``tools``,
+    or when ``imports`` says a mount is linked into it)."""
     if sandbox is None:
         return None
     # The socket, the packages and the import root are host-owned: the kernel may use them, not
     # change them. Each is mounted, not the directory: a mount holds its inode, so the running
     # kernel keeps its tools when a /tmp cleaner deletes the directory.
     extra = [home / "tools.sock", home / "packages"]
-    if tools is not None or skills is not None:
+    if tools is not None or imports:
         extra.append(home / IMPORT_ROOT)
     return dataclasses.replace(sandbox, ro_paths=[*sandbox.ro_paths, *extra])
 

@@ -2,7 +2,8 @@
 
 Each pooled kernel is started with its own private directory (tool socket, network proxy socket,
 packages, import root) and its own tool token, exactly as an executor starts its kernel; the
-executor that takes it adopts both (`KernelSide._adopt`). A kernel is handed out once and never
+executor that takes it adopts both (`KernelHost.adopt`). The pool is a `KernelSource`: an executor
+made with ``pool=`` (or ``kernel=``) runs with the pool's settings. A kernel is handed out once and never
 comes back: it has run someone's code. The kernel's process stays owned by the pool's task group
 (one task per kernel holds its `Kernel.start` context), and the executor holds a `Lease` on it until
 it is done with it.
@@ -10,8 +11,8 @@ it is done with it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
 import secrets
 import shutil
 import socket
@@ -27,17 +28,26 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from ._config import Limits, SandboxConfig, Timeouts, check_kernel_settings
+from ._config import (
+    KernelSettings,
+    Limits,
+    SandboxConfig,
+    Timeouts,
+    check_kernel_settings,
+    resolved_sandbox,
+    take_settings,
+)
 from ._events import wait_any
 from ._exceptions import KernelStartError, UsageError
-from ._kernel import Kernel
+from ._kernel import Kernel, KernelHandle, KernelHost, StartedHome
 from ._kernelhome import check_bytecode, kernel_writable, link_tools_dir, new_home, resolve_tools_dir
-from ._kernelspec import KernelSpec, start_kernel
+from ._localkernel import LaunchSpec, LocalKernel, start_kernel
+from ._mounts import mounted, prepare_mounts
 from ._tooldir import prepare_tools_dir
 from ._unixsocket import bind_socket
 from .network._setup import NET_SOCKET
 from .sandbox._sandbox import resolve_sandbox
-from .skills._store import SKILLS_PACKAGE, prepare_skills_dir
+from .skills._store import SKILLS_PACKAGE
 
 __all__ = ("KernelPool", "Lease")
 
@@ -55,7 +65,7 @@ _HANDOVER_TURNS = 5
 class Lease:
     """One pooled kernel, and what it was started with; taken by one executor only."""
 
-    spec: KernelSpec
+    spec: LaunchSpec
     home: Path
     token: str
     listener: socket.socket | None = None
@@ -92,6 +102,18 @@ class Lease:
         """Shut the kernel down without using it (or after using it)."""
         self.released.set()
 
+    def started_home(self, *, own_dirs: bool) -> StartedHome:
+        """What the taker moves over to (`KernelHost.adopt`); ``own_dirs``: the kernel's workspace too."""
+        settings = self.spec.settings
+        return StartedHome(
+            home=self.home,
+            token=self.token,
+            tools_listener=self.listener,
+            net_listener=self.net_listener,
+            workspace=settings.workspace if own_dirs else None,
+            tools_dir=settings.tools_dir if own_dirs else None,
+        )
+
 
 class KernelPool:
     """Sandboxed kernels started ahead of time, so that ``async with CodeExecutor(pool=pool)`` is
@@ -104,15 +126,16 @@ class KernelPool:
                 ...
 
     Each kernel is used by one executor only and never returns to the pool; the pool starts
-    another in the background. An executor takes a kernel only if it would start the same one
-    itself (same sandbox, limits, env, workspace, tools and skills directories, and network or
-    none); otherwise it starts its own and logs once why the pool did not fit. Closing the pool
+    another in the background. An executor on a pool runs with the pool's settings (`settings`):
+    what it leaves out it takes from the pool, and a setting it gives that differs from the pool's
+    is a `UsageError` when it is made, never a kernel started some other way. When no kernel is
+    ready within ``timeouts.start`` it starts its own, with the same settings. Closing the pool
     shuts down every kernel it started, including those executors still use: close it after them.
 
-    For executors with a skills directory or a network, give the pool the same::
+    For executors with a network, start the pool's kernels ready for one::
 
         async with KernelPool(size=4, skills_dir="skills", network=True) as pool:
-            async with CodeExecutor(pool=pool, skills_dir="skills", network=Network(allow=[...])) as executor:
+            async with CodeExecutor(pool=pool, network=Network(allow=[...])) as executor:
                 ...
 
     Args:
@@ -165,9 +188,6 @@ class KernelPool:
         if not isinstance(max_starting, int) or max_starting < 1:  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"max_starting must be a positive number of kernels, got {max_starting!r}")
         check_kernel_settings(env, limits, timeouts)
-        self.workspace = Path(workspace).resolve()
-        if not self.workspace.is_dir():
-            raise UsageError(f"workspace {str(workspace)!r} is not an existing directory; create it first")
         if separate_workspaces and tools_dir is not None and Path(tools_dir).name != str(tools_dir):
             raise UsageError(
                 f"with separate_workspaces, tools_dir is the name of each kernel's tools directory, "
@@ -185,23 +205,27 @@ class KernelPool:
                 f"got {network!r}; give the policy, Network(...), to each CodeExecutor"
             )
         self.size = size
-        self.sandbox = resolve_sandbox(sandbox)
-        if network and self.sandbox is None:
+        # With separate workspaces each kernel's tools directory is made later (under this name).
+        self._tools_name = Path(tools_dir) if separate_workspaces and tools_dir is not None else None
+        settings = KernelSettings(
+            workspace=Path(workspace),
+            sandbox=resolve_sandbox(sandbox),
+            env=env or {},
+            limits=limits or Limits(),
+            tools_dir=Path(tools_dir) if tools_dir is not None and not separate_workspaces else None,
+            skills_dir=Path(skills_dir) if skills_dir is not None else None,
+            network=network,
+        )
+        if network and settings.sandbox is None:
             raise UsageError(
                 "network=True needs the sandbox: without one a kernel has this host's whole network and no "
                 "executor's Network can hold it; drop sandbox=None, or drop network="
             )
-        self.network = network
-        self.env = dict(env or {})
-        self.limits = limits or Limits()
+        self.settings = settings
+        """What the pool's kernels are started with (with separate workspaces, each in its own
+        workspace under ``workspace`` with its own tools directory)."""
         self.timeouts = timeouts or Timeouts()
         self.separate_workspaces = separate_workspaces
-        # As given (made absolute, not resolved), like the executor's: checked again at each start.
-        self._tools_given: Path | None = None
-        if tools_dir is not None:
-            self._tools_given = Path(tools_dir) if separate_workspaces else Path(os.path.join(os.getcwd(), tools_dir))
-        # Likewise, shared by all kernels (also with separate workspaces).
-        self._skills_given = Path(os.path.join(os.getcwd(), skills_dir)) if skills_dir is not None else None
         self._max_starting = max_starting
         self._ready: list[Lease] = []
         self._starting = 0
@@ -221,7 +245,7 @@ class KernelPool:
     async def __aenter__(self) -> Self:
         if self._tg is not None:
             raise UsageError("this KernelPool is already running; create a new one")
-        if self.sandbox is not None:
+        if self.settings.sandbox is not None:
             check_bytecode()
         self._current_spec()  # a tools or skills directory that cannot be trusted is an error now, not at each refill
         tg = anyio.create_task_group()
@@ -240,6 +264,11 @@ class KernelPool:
             # propagates as it is instead of wrapped in an ExceptionGroup.
             await tg.__aexit__(None, None, None)
         self._wake()
+
+    @property
+    def workspace(self) -> Path:
+        """The kernels' working directory (with separate workspaces: where each gets its own)."""
+        return self.settings.workspace
 
     @property
     def ready(self) -> int:
@@ -261,15 +290,54 @@ class KernelPool:
                 raise self._error
             await self._wait_changed()
 
+    # -- the kernel source ------------------------------------------------------------
+
+    remote = False
+
+    def settings_for(self, requested: KernelSettings) -> KernelSettings:
+        """The pool's settings, for an executor that asked for ``requested`` (see
+        `KernelSource.settings_for` and `take_settings`). With separate workspaces the executor keeps
+        its own workspace and tools directory for a kernel it has to start itself.
+
+        Raises:
+            UsageError: The executor set something to another value than the pool did.
+        """
+        return take_settings(self.settings, requested, owner="KernelPool", dirs=not self.separate_workspaces)
+
+    @asynccontextmanager
+    async def open(self, host: KernelHost) -> AsyncGenerator[KernelHandle]:
+        """A ready kernel, or one started for ``host`` when none is (see `KernelSource.open`).
+
+        With separate workspaces only the executor's first kernel comes from the pool: its
+        replacements start in the workspace that kernel brought.
+        """
+        lease = None
+        if not (self.separate_workspaces and host.restarting):
+            lease = await self._take(LaunchSpec.of(host.settings))
+        if lease is not None:
+            if host.adopt(lease.started_home(own_dirs=self.separate_workspaces)):
+                # The taker's from now on.
+                lease.listener = lease.net_listener = None
+                lease.adopted = True
+            else:
+                lease.release()
+                lease = None
+        if lease is not None:
+            async with lease.use() as kernel:
+                yield kernel
+            return
+        async with LocalKernel().open(host) as kernel:
+            yield kernel
+
     # -- taking -------------------------------------------------------------------------
 
-    async def _take(self, spec: KernelSpec) -> Lease | None:
+    async def _take(self, spec: LaunchSpec) -> Lease | None:
         """A ready kernel started as ``spec`` says, waiting up to ``timeouts.start`` for one.
 
         With ``separate_workspaces`` the directories of ``spec`` are not compared: the kernel comes
-        with its own. None when the pool's kernels do not fit (logged once per difference), when
-        the pool is closed or its starts fail, or when none was ready in time: the caller then
-        starts its own.
+        with its own. None when the pool's kernels no longer fit (its directories changed since;
+        logged once per difference), when the pool is closed or its starts fail, or when none was
+        ready in time: the caller then starts its own.
         """
         if self._tg is None:
             return None
@@ -280,15 +348,13 @@ class KernelPool:
             return None
         differences = current.differences(spec, dirs=not self.separate_workspaces)
         if differences:
+            # The settings are the pool's (`settings_for`): what differs is a directory checked since.
             if tuple(differences) not in self._warned:
                 self._warned.add(tuple(differences))
                 logger.warning(
-                    "the executor's kernel settings differ from its KernelPool's in %s; it starts its own "
-                    "kernel instead of taking a pooled one (create the pool with the executor's settings%s)",
+                    "the executor's kernel would differ from its KernelPool's in %s (changed since the pool "
+                    "checked them); it starts its own kernel",
                     ", ".join(differences),
-                    ": network=True for executors with a Network, False for those without"
-                    if "network" in differences
-                    else "",
                 )
             return None
         with anyio.move_on_after(self.timeouts.start):
@@ -301,7 +367,7 @@ class KernelPool:
                 await self._wait_changed()
         return None
 
-    def _take_ready(self, current: KernelSpec) -> Lease | None:
+    def _take_ready(self, current: LaunchSpec) -> Lease | None:
         for lease in list(self._ready):
             assert lease.kernel is not None
             if lease.kernel.exited.is_set():
@@ -386,23 +452,22 @@ class KernelPool:
                 workspace = Path(tempfile.mkdtemp(prefix="", dir=self.workspace))
                 dirs.append(workspace)
                 tools = None
-                if self._tools_given is not None:
+                if self._tools_name is not None:
                     private = Path(tempfile.mkdtemp(prefix="ipybox-state-"))
                     dirs.append(private)
                     # Made before the kernel starts, so it is mounted (read-only) and the manifest hidden.
-                    writable = kernel_writable(workspace, self.sandbox)
-                    tools = prepare_tools_dir(private / self._tools_given, kernel_writable=writable)
+                    tools = prepare_tools_dir(private / self._tools_name, kernel_writable=self._writable(workspace))
                 spec = self._spec(workspace, tools)
             else:
                 spec = self._shared_spec()
-            home = new_home(spec.tools_dir)
+            home = new_home(spec.settings.tools_dir)
             dirs.append(home)
-            if spec.skills_dir is not None:
-                link_tools_dir(home, spec.skills_dir, name=SKILLS_PACKAGE)
+            for mount, path in mounted(spec.settings):
+                link_tools_dir(home, path, name=mount.package)
             lease = Lease(spec=spec, home=home, token=secrets.token_urlsafe(32), dirs=tuple(dirs[:-1]))
             # Bound before the kernel starts: its sandbox mounts the socket files.
             lease.listener = bind_socket(home / "tools.sock")
-            if spec.network:
+            if spec.settings.network:
                 lease.net_listener = bind_socket(home / NET_SOCKET)
         except BaseException:
             if lease is not None and lease.listener is not None:
@@ -412,32 +477,24 @@ class KernelPool:
             raise
         return lease
 
-    def _current_spec(self) -> KernelSpec:
+    def _current_spec(self) -> LaunchSpec:
         """The spec of a kernel started now; with separate workspaces, without its own directories."""
         return self._spec(self.workspace, None) if self.separate_workspaces else self._shared_spec()
 
-    def _shared_spec(self) -> KernelSpec:
-        tools = None
-        if self._tools_given is not None:
-            tools = resolve_tools_dir(self._tools_given, kernel_writable=kernel_writable(self.workspace, self.sandbox))
+    def _writable(self, workspace: Path) -> list[Path]:
+        return kernel_writable(workspace, resolved_sandbox(self.settings))
+
+    def _shared_spec(self) -> LaunchSpec:
+        tools = self.settings.tools_dir
+        if tools is not None:
+            tools = resolve_tools_dir(tools, kernel_writable=self._writable(self.workspace))
         return self._spec(self.workspace, tools)
 
-    def _spec(self, workspace: Path, tools: Path | None) -> KernelSpec:
-        skills = None
-        if self._skills_given is not None:
-            # Checked against every kernel's workspace: with separate workspaces, all of ``workspace``.
-            skills = prepare_skills_dir(
-                self._skills_given, kernel_writable=kernel_writable(self.workspace, self.sandbox), tools_dir=tools
-            )
-        return KernelSpec.of(
-            sandbox=self.sandbox,
-            limits=self.limits,
-            env=self.env,
-            workspace=workspace,
-            tools_dir=tools,
-            skills_dir=skills,
-            network=self.network,
-        )
+    def _spec(self, workspace: Path, tools: Path | None) -> LaunchSpec:
+        settings = dataclasses.replace(self.settings, workspace=workspace, tools_dir=tools)
+        # Checked against every kernel's workspace: with separate workspaces, all of ``workspace``.
+        settings = prepare_mounts(settings, kernel_writable=self._writable(self.workspace), tools_dir=tools)
+        return LaunchSpec.of(settings)
 
     def _running(self) -> bool:
         return self._tg is not None

@@ -11,6 +11,7 @@ from ipybox import (
     CodeExecutor,
     GatewayKernel,
     KernelPool,
+    KernelSettings,
     Limits,
     Network,
     SandboxConfig,
@@ -19,7 +20,7 @@ from ipybox import (
     UsageError,
 )
 from ipybox._cli import _build_parser
-from ipybox._kernelspec import KernelSpec
+from ipybox._localkernel import LaunchSpec
 from ipybox._mcp import parse_server_params
 from ipybox.mcp_server._config import ServerConfig, config_from_args
 from ipybox.mcp_server._sessions import session_pool
@@ -84,17 +85,17 @@ def test_the_mcp_servers_kernel_config_is_the_executors_with_its_defaults_and_th
 ) -> None:
     parse = _build_parser().parse_args
     plain = config_from_args(parse(["mcp", "--workspace", str(tmp_path)]))
-    assert (plain.limits, plain.sandbox) == (Limits(), SandboxConfig())
+    assert (plain.kernel.limits, plain.kernel.sandbox) == (Limits(), SandboxConfig())
     # Only the cell and approval timeouts are the server's own; the others are the executor's.
     assert (plain.timeouts.execution, plain.timeouts.approval) == (120.0, 300.0)
     assert (plain.timeouts.tool, plain.timeouts.start) == (Timeouts().tool, Timeouts().start)
 
     argv = ["mcp", "--workspace", str(tmp_path), "--memory-mb", "0", "--timeout", "5", "--ro-path", str(tmp_path)]
     tuned = config_from_args(parse(argv))
-    assert tuned.limits == Limits(memory=None)
+    assert tuned.kernel.limits == Limits(memory=None)
     assert tuned.timeouts == Timeouts(execution=5.0, approval=300.0)
-    assert tuned.sandbox == SandboxConfig(ro_paths=(tmp_path.resolve(),))
-    assert config_from_args(parse(["mcp", "--workspace", str(tmp_path), "--no-sandbox"])).sandbox is None
+    assert tuned.kernel.sandbox == SandboxConfig(ro_paths=(tmp_path.resolve(),))
+    assert config_from_args(parse(["mcp", "--workspace", str(tmp_path), "--no-sandbox"])).kernel.sandbox is None
 
 
 @pytest.mark.parametrize("option", ["--allow-net", "--ask-net", "--skills-dir"])
@@ -110,17 +111,19 @@ def test_a_pool_for_http_sessions_with_network_or_skills_makes_kernels_that_have
     assert isinstance(pool, KernelPool) and pool.size == 2
     # What its kernels are started with (they are not: the pool is not entered here).
     spec = pool._current_spec()
-    assert spec.network == (option != "--skills-dir")
-    assert spec.skills_dir == (tmp_path.resolve() / "skills" if option == "--skills-dir" else None)
+    assert spec.settings.network == (option != "--skills-dir")
+    assert spec.settings.skills_dir == (tmp_path.resolve() / "skills" if option == "--skills-dir" else None)
 
 
 def test_a_remote_kernel_is_refused_with_a_pool_or_a_skills_dir_naming_the_fix(tmp_path: Path) -> None:
-    fix = (
-        "GatewayKernel cannot be combined with pool or skills_dir: .*drop them, or drop kernel= to run the kernel here"
+    skills = (
+        "GatewayKernel cannot be combined with skills_dir: .*drop skills_dir, or drop kernel= to run the kernel here"
     )
-    with pytest.raises(UsageError, match=fix):
+    with pytest.raises(UsageError, match=skills):
         CodeExecutor(workspace=tmp_path, kernel=GatewayKernel("http://127.0.0.1:9"), skills_dir="skills")
-    with pytest.raises(UsageError, match=fix):
+    with pytest.raises(
+        UsageError, match=r"give the executor's kernels one source: kernel=\.\.\. or pool=\.\.\., not both"
+    ):
         CodeExecutor(
             workspace=tmp_path, kernel=GatewayKernel("http://127.0.0.1:9"), pool=KernelPool(workspace=tmp_path)
         )
@@ -133,17 +136,13 @@ def test_a_pool_takes_whether_its_kernels_have_a_network_not_a_policy_and_needs_
         KernelPool(workspace=tmp_path, network=True, sandbox=None)
 
 
-def test_a_kernel_spec_tells_apart_kernels_with_skills_or_network_from_plain_ones(tmp_path: Path) -> None:
-    def spec(*, skills_dir: Path | None = None, network: bool = False, workspace: Path = tmp_path) -> KernelSpec:
-        return KernelSpec.of(
-            sandbox=None,
-            limits=Limits(),
-            env={},
-            workspace=workspace,
-            tools_dir=None,
-            skills_dir=skills_dir,
-            network=network,
+def test_a_launch_spec_tells_apart_kernels_with_skills_or_network_from_plain_ones(tmp_path: Path) -> None:
+    def spec(*, skills_dir: Path | None = None, network: bool = False, workspace: Path = tmp_path) -> LaunchSpec:
+        workspace.mkdir(exist_ok=True)
+        settings = KernelSettings(
+            workspace=workspace, sandbox=None, tools_dir=None, skills_dir=skills_dir, network=network
         )
+        return LaunchSpec.of(settings)
 
     assert spec().differences(spec(skills_dir=tmp_path / "skills")) == ["skills_dir"]
     assert spec().differences(spec(network=True)) == ["network"]
@@ -160,3 +159,77 @@ def test_limits_must_be_positive_whole_numbers_and_say_which_one_is_not(bad: dic
     name = next(iter(bad))
     with pytest.raises(UsageError, match=f"Limits.{name} must be a positive whole number"):
         Limits(**bad)  # pyright: ignore[reportArgumentType]
+
+
+def test_limits_with_several_bad_values_are_refused_naming_the_first() -> None:
+    # The example: both used to be accepted.
+    with pytest.raises(UsageError, match=r"Limits.memory must be a positive whole number or None, got -5"):
+        Limits(memory=-5, processes="x")  # pyright: ignore[reportArgumentType]
+    with pytest.raises(UsageError, match=r"Limits.processes must be a positive whole number or None, got 'x'"):
+        Limits(processes="x")  # pyright: ignore[reportArgumentType]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"workspace": 3}, r"KernelSettings.workspace must be a path, got 3"),
+        (
+            {"workspace": Path("/no/such/dir")},
+            r"workspace '/no/such/dir' is not an existing directory; create it first",
+        ),
+        ({"sandbox": "bwrap"}, r"sandbox must be 'auto', a SandboxConfig or None, got 'bwrap'"),
+        ({"env": {"A": 1}}, r"env must map str to str; 'A': 1 is not"),
+        ({"env": ["A=b"]}, r"env must be a mapping of str to str, got \['A=b'\]"),
+        ({"limits": {"memory": 1}}, r"limits must be a Limits, got \{'memory': 1\}"),
+        ({"tools_dir": 5}, r"KernelSettings.tools_dir must be a path or None, got 5"),
+        ({"skills_dir": ""}, r"KernelSettings.skills_dir must be a path or None, got ''"),
+        ({"network": "yes"}, r"network must be True or False .*the policy, Network\(...\), is each CodeExecutor's"),
+    ],
+)
+def test_kernel_settings_are_checked_when_made_and_say_what_is_wrong(
+    tmp_path: Path, bad: dict[str, object], message: str
+) -> None:
+    with pytest.raises(UsageError, match=message):
+        KernelSettings(**{"workspace": tmp_path, **bad})  # pyright: ignore[reportArgumentType]
+
+
+def test_equal_kernel_settings_compare_equal_however_their_paths_were_written(tmp_path: Path) -> None:
+    one = KernelSettings(
+        workspace=tmp_path, sandbox=SandboxConfig(ro_paths=[tmp_path]), env={"A": "b"}, tools_dir=tmp_path / "t"
+    )
+    other = KernelSettings(
+        workspace=tmp_path / ".",
+        sandbox=SandboxConfig(ro_paths=(str(tmp_path),)),
+        env={"A": "b"},
+        tools_dir=tmp_path / "t",
+    )
+    assert one == other and one.differences(other) == []
+    env = {"A": "b"}
+    frozen = KernelSettings(workspace=tmp_path, env=env)
+    env["A"] = "changed"
+    assert frozen.env == {"A": "b"}
+
+
+def test_an_executor_refuses_settings_that_conflict_with_its_sources_own(tmp_path: Path) -> None:
+    from ipybox import LocalKernel
+
+    own = LocalKernel(KernelSettings(workspace=tmp_path, sandbox=None, limits=Limits(memory=None)))
+    with pytest.raises(UsageError, match=r"differ from its LocalKernel's in limits: leave them out of CodeExecutor"):
+        CodeExecutor(kernel=own, limits=Limits(memory=2 * 1024**3))
+    with pytest.raises(UsageError, match=r"differ from its LocalKernel's in workspace, sandbox"):
+        CodeExecutor(kernel=own, workspace=tmp_path / "..", sandbox=SandboxConfig())
+    # Left out, they are the source's.
+    executor = CodeExecutor(kernel=own)
+    assert (executor.workspace, executor.sandbox, executor.limits) == (tmp_path.resolve(), None, Limits(memory=None))
+    with pytest.raises(UsageError, match=r"kernel must be a kernel source \(LocalKernel, KernelPool, GatewayKernel\)"):
+        CodeExecutor(kernel="local")  # pyright: ignore[reportArgumentType]
+
+
+def test_an_executor_on_a_pool_with_separate_workspaces_keeps_its_own_directories_for_a_cold_start(
+    tmp_path: Path,
+) -> None:
+    pool = KernelPool(workspace=tmp_path, separate_workspaces=True, tools_dir="mcptools", sandbox=None)
+    own = tmp_path / "own"
+    own.mkdir()
+    executor = CodeExecutor(pool=pool, workspace=own, tools_dir=own / "tools")
+    assert (executor.workspace, executor.sandbox) == (own, None)

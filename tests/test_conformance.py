@@ -221,7 +221,7 @@ def lines_up_to(last: int) -> str:
 async def test_output_sent_before_each_tool_call_arrives_before_its_approval_request(
     ex: CodeExecutor, output: str
 ) -> None:
-    if output in FD_OUTPUT and ex.gateway is not None:
+    if output in FD_OUTPUT and ex.kernel.remote:
         pytest.skip("fd output is ordered before a call by the local kernel's streams only")
     seen = await calls_after_output(ex, OUTPUT_BEFORE_CALL[output])
     late = [i for i, text in enumerate(seen) if text != lines_up_to(i)]
@@ -368,7 +368,7 @@ async def test_a_tool_call_the_gateways_iopub_rate_limit_dropped_is_sent_again(w
 
 
 async def test_a_remote_kernel_imports_ipybox_kernel_and_the_tools_from_the_pushed_sources(ex: CodeExecutor) -> None:
-    if ex.gateway is None:
+    if not ex.kernel.remote:
         pytest.skip("a local kernel imports them from the host's files; nothing is pushed")
     code = "import ipybox_kernel, mcptools, os\nprint(ipybox_kernel.__file__)\nprint(mcptools.__file__)"
     kernel_file, tools_file = (await ex.execute(code)).text.split()

@@ -27,6 +27,7 @@ from ipybox import (
     KernelPool,
     KernelStartError,
     Limits,
+    UsageError,
 )
 
 pytestmark = pytest.mark.anyio
@@ -89,18 +90,27 @@ async def test_a_pooled_kernel_is_never_handed_out_twice_nor_after_a_reset(pool:
     assert not set(seen) & await full(pool)
 
 
-async def test_an_executor_with_other_settings_starts_its_own_kernel_and_says_why(
+async def test_an_executor_takes_its_pools_settings_and_refuses_others_instead_of_starting_cold(
     pool: KernelPool, tools_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    waiting = await full(pool)
+    # It used to start a kernel of its own and log why: the pool was then no help, silently.
     other = Limits(memory=2 * 1024**3)
+    with pytest.raises(UsageError, match=r"differ from its KernelPool's in limits: leave them out of CodeExecutor"):
+        CodeExecutor(workspace=pool.workspace, tools_dir=tools_dir, limits=other, pool=pool)
+    with pytest.raises(UsageError, match=r"differ from its KernelPool's in sandbox, env"):
+        CodeExecutor(workspace=pool.workspace, sandbox=None, env={"A": "b"}, pool=pool)
+    waiting = await full(pool)
+    # Given none of them (not even the workspace), it runs with the pool's, on one of its kernels.
     with caplog.at_level(logging.WARNING, logger="ipybox._pool"):
-        async with CodeExecutor(workspace=pool.workspace, tools_dir=tools_dir, limits=other, pool=pool) as executor:
-            assert running(executor) not in waiting
-            assert (await executor.execute("print('own')")).text == "own\n"
-    assert {pid(lease.kernel) for lease in pool._ready} == waiting
-    [warning] = [r.getMessage() for r in caplog.records if "differ from its KernelPool" in r.getMessage()]
-    assert "in limits;" in warning
+        async with CodeExecutor(pool=pool) as executor:
+            assert running(executor) in waiting
+            assert (executor.workspace, executor.tools_dir, executor.limits) == (
+                pool.workspace,
+                tools_dir.resolve(),
+                pool.settings.limits,
+            )
+            assert (await executor.execute("import os\nprint(os.getcwd())")).text == f"{pool.workspace}\n"
+    assert not [r for r in caplog.records if "KernelPool" in r.getMessage()]
 
 
 async def test_a_kernel_killed_while_waiting_in_the_pool_is_not_handed_out(pool: KernelPool, tools_dir: Path) -> None:

@@ -12,7 +12,6 @@ kernel an executor runs is told by the kernel's process id, never by timing.
 
 from __future__ import annotations
 
-import logging
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ import anyio
 import pytest
 from network_support import WebServer, serving
 
-from ipybox import CodeExecutor, KernelPool, Network, NetworkEvent, save_skill
+from ipybox import CodeExecutor, KernelPool, Network, NetworkEvent, UsageError, save_skill
 
 pytestmark = pytest.mark.anyio
 
@@ -182,16 +181,15 @@ async def test_a_pooled_kernels_forwarder_is_refused_with_another_kernels_token(
             assert new == "HTTP/1.0 200 OK"
 
 
-async def test_an_executor_without_a_network_does_not_take_a_pooled_kernel_made_for_one(
-    workspace: Path, caplog: pytest.LogCaptureFixture
+async def test_an_executor_without_a_network_is_refused_a_pool_whose_kernels_are_made_for_one(
+    workspace: Path,
 ) -> None:
-    async with KernelPool(size=1, workspace=workspace, tools_dir=None, network=True) as pool:
-        waiting = await full(pool)
-        with caplog.at_level(logging.WARNING, logger="ipybox._pool"):
-            async with CodeExecutor(workspace=workspace, tools_dir=None, pool=pool) as executor:
-                assert running(executor) not in waiting
-                names = "import os\nprint(sorted(n for n in os.environ if 'PROXY' in n.upper() or 'NET' in n))"
-                assert await text(executor, names) == "[]\n"
-        assert set(await full(pool)) == set(waiting)
-    [warning] = [r.getMessage() for r in caplog.records if "differ from its KernelPool" in r.getMessage()]
-    assert "in network;" in warning and "network=True for executors with a Network, False for those without" in warning
+    # It used to start a kernel of its own, logging why; a forwarder must never run without a policy.
+    pool = KernelPool(size=1, workspace=workspace, tools_dir=None, network=True)
+    with pytest.raises(
+        UsageError, match=r"^the KernelPool's kernels are started with a network forwarder: give the executor a Network"
+    ):
+        CodeExecutor(workspace=workspace, tools_dir=None, pool=pool)
+    plain = KernelPool(size=1, workspace=workspace, tools_dir=None)
+    with pytest.raises(UsageError, match=r"started without a network forwarder: drop the executor's network="):
+        CodeExecutor(workspace=workspace, tools_dir=None, pool=plain, network=Network(allow=["example.org"]))

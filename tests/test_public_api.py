@@ -63,3 +63,15 @@ def test_ipybox_testing_offers_the_in_process_kernel_and_nothing_else() -> None:
     assert exported == set(ipybox.testing.__all__)
     # A test helper, not part of the top level: nobody gets it by importing ipybox.
     assert "InProcessKernel" not in ipybox.__all__
+
+
+def test_each_kernel_source_is_public_and_has_the_kernel_source_shape() -> None:
+    # `CodeExecutor(kernel=...)` takes any of them; KernelSource is what a new one implements.
+    sources: list[ipybox.KernelSource] = [
+        ipybox.LocalKernel(),
+        ipybox.KernelPool(),
+        ipybox.GatewayKernel("http://127.0.0.1:9"),
+    ]
+    for source in sources:
+        assert callable(source.open) and callable(source.settings_for)
+    assert [source.remote for source in sources] == [False, False, True]

@@ -233,19 +233,19 @@ def test_it_needs_sandbox_none_and_no_network_policy(
 
 async def test_it_is_refused_with_a_kernel_pool(workspace: Path) -> None:
     pool = KernelPool(1, workspace=workspace)
-    with pytest.raises(UsageError, match="KernelPool"):
+    with pytest.raises(UsageError, match="one source"):
         CodeExecutor(workspace=workspace, kernel=InProcessKernel(), sandbox=None, pool=pool)
 
 
 def test_a_process_serving_the_mcp_server_refuses_in_process_kernels(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
-        from ipybox import CodeExecutor, UsageError
+        from ipybox import CodeExecutor, KernelSettings, UsageError
         from ipybox.mcp_server import ServerConfig, build_server
         from ipybox.testing import InProcessKernel
 
         from pathlib import Path
-        build_server(ServerConfig(workspace=Path(".").resolve(), sandbox=None))
+        build_server(ServerConfig(kernel=KernelSettings(workspace=Path(".").resolve(), sandbox=None)))
         try:
             CodeExecutor(kernel=InProcessKernel(), sandbox=None)
         except UsageError as exc:

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ipybox._exceptions import UsageError
+
+if TYPE_CHECKING:
+    from ipybox._config import KernelSettings
+    from ipybox._kernel import KernelHandle, KernelHost
 
 __all__ = ("GatewayKernel",)
 
@@ -95,6 +101,30 @@ class GatewayKernel:
                 "GatewayKernel reconnect_timeout must be a finite number of seconds, 0 or more (0 turns reconnecting "
                 f"off), got {reconnect!r}"
             )
+
+    # -- the kernel source (`ipybox._kernel.KernelSource`) ------------------------------------
+
+    @property
+    def remote(self) -> bool:
+        """Always: the kernel does not see the host's workspace or environment."""
+        return True
+
+    def settings_for(self, requested: KernelSettings) -> KernelSettings:
+        """The executor's settings without a local sandbox (the gateway's is the kernel's).
+
+        Raises:
+            UsageError: A `SandboxConfig` or a skills directory was asked for, or the ``gateway``
+                extra is not installed.
+        """
+        from ._executor import gateway_settings
+
+        return gateway_settings(self, requested)
+
+    def open(self, host: KernelHost) -> AbstractAsyncContextManager[KernelHandle]:
+        """Start and prepare a kernel on the gateway (see `KernelSource.open`)."""
+        from ._executor import open_gateway_kernel
+
+        return open_gateway_kernel(self, host)
 
     @property
     def base(self) -> str:

@@ -1,41 +1,33 @@
-"""What `CodeExecutor` does differently when its kernel runs on a gateway (kept out of its module)."""
+"""`GatewayKernel` as a kernel source: the settings it runs with, and opening a kernel on it."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import Literal
 
-from ipybox._config import Limits, SandboxConfig
+from ipybox._config import KernelSettings, SandboxConfig
 from ipybox._exceptions import UsageError
 from ipybox._gateway._config import GatewayKernel
-from ipybox._kernel import KernelHandle, message_limit
+from ipybox._kernel import KernelHandle, KernelHost, message_limit
 
-__all__ = ("check_gateway", "open_gateway_kernel", "refuse_remote")
+__all__ = ("gateway_settings", "open_gateway_kernel")
 
 
-def check_gateway(
-    kernel: object, sandbox: SandboxConfig | Literal["auto"] | None, *, pool: object, skills_dir: object
-) -> GatewayKernel | None:
-    """``CodeExecutor(kernel=...)`` checked against the executor's other settings.
+def gateway_settings(gateway: GatewayKernel, requested: KernelSettings) -> KernelSettings:
+    """An executor's settings for a kernel on ``gateway`` (`GatewayKernel.settings_for`).
 
     Raises:
-        UsageError: ``kernel`` is not a `GatewayKernel`, a local sandbox, a pool or a skills
-            directory was asked for with it, or the ``gateway`` extra is not installed.
+        UsageError: A local sandbox or a skills directory was asked for, or the ``gateway`` extra is
+            not installed.
     """
-    if kernel is None:
-        return None
-    if not isinstance(kernel, GatewayKernel):
-        raise UsageError(f"kernel must be a GatewayKernel or None (a local kernel), got {kernel!r}")
-    if pool is not None or skills_dir is not None:
+    if requested.skills_dir is not None:
         raise UsageError(
-            "a GatewayKernel cannot be combined with pool or skills_dir: the gateway starts the kernel, "
-            "which cannot come from a KernelPool on this host nor mount its skills directory; drop them, "
-            "or drop kernel= to run the kernel here"
+            "a GatewayKernel cannot be combined with skills_dir: the gateway starts the kernel, which cannot "
+            "mount a skills directory of this host; drop skills_dir, or drop kernel= to run the kernel here"
         )
-    if isinstance(sandbox, SandboxConfig):
+    if isinstance(requested.sandbox, SandboxConfig):
         raise UsageError(
             "a SandboxConfig applies to local kernels only; a kernel on a gateway runs in the gateway's sandbox "
             "(a Kubernetes pod, say): leave sandbox at 'auto' with kernel=GatewayKernel(...)"
@@ -46,45 +38,26 @@ def check_gateway(
             f"GatewayKernel needs {' and '.join(missing)}: install ipybox with the gateway extra "
             "(pip install 'ipybox[gateway]')"
         )
-    return kernel
-
-
-def refuse_remote(gateway: GatewayKernel | None, method: str) -> None:
-    """Refuse a `CodeExecutor` method that works on the host's environment when the kernel is remote.
-
-    Raises:
-        UsageError: The kernel runs on a gateway.
-    """
-    if gateway is not None:
-        raise UsageError(
-            f"CodeExecutor.{method}() works on the host's workspace and environment, which a kernel on the "
-            f"gateway {gateway.base} does not see; install packages in the kernel's image"
-        )
+    return dataclasses.replace(requested, sandbox=None)
 
 
 @asynccontextmanager
-async def open_gateway_kernel(
-    gateway: GatewayKernel,
-    *,
-    limits: Limits,
-    start_timeout: float,
-    tool_socket: Path,
-    token: str,
-    tools_dir: Path | None,
-) -> AsyncGenerator[KernelHandle]:
+async def open_gateway_kernel(gateway: GatewayKernel, host: KernelHost) -> AsyncGenerator[KernelHandle]:
     """Start and prepare a kernel on the gateway (see `ipybox._gateway._client.RemoteKernel`)."""
     # Imported here: httpx and websockets are the gateway extra's, and slow to import.
     from ipybox._gateway._client import RemoteKernel
     from ipybox._gateway._push import setup_cells
 
+    limits = host.settings.limits
+    tools = host.settings.tools_dir
     cells = setup_cells(
-        tools_dir=tools_dir,
-        token=token,
+        tools_dir=tools if tools is not None and tools.is_dir() else None,
+        token=host.token,
         output_chars=limits.output_chars,
         message_bytes=message_limit(limits.output_chars),
         push=gateway.push_sources,
     )
     async with RemoteKernel.start(
-        gateway, limits=limits, start_timeout=start_timeout, tool_socket=tool_socket, setup=cells
+        gateway, limits=limits, start_timeout=host.start_timeout, tool_socket=host.tool_socket, setup=cells
     ) as kernel:
         yield kernel

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 
 from ipybox._exceptions import FileTransferError, IpyboxError, UsageError
-from ipybox._gateway._config import GatewayKernel
 from ipybox._supervisor import KernelSupervisor
 from ipybox._workspace import FileTooLarge
 
@@ -90,14 +89,12 @@ class RemoteFiles:
     Args:
         kernels: The executor's kernel supervisor (a transfer uses its kernel, starting one if needed).
         lock: The executor's execution lock.
-        gateway: The gateway's configuration (``transfer_timeout``).
         grace: Seconds an interrupted kernel gets to stop before it is restarted.
     """
 
-    def __init__(self, kernels: KernelSupervisor, lock: anyio.Lock, gateway: GatewayKernel, grace: float) -> None:
+    def __init__(self, kernels: KernelSupervisor, lock: anyio.Lock, grace: float) -> None:
         self._kernels = kernels
         self._lock = lock
-        self._timeout = gateway.transfer_timeout
         self._grace = grace
 
     async def _kernel(self) -> RemoteKernel:
@@ -116,7 +113,8 @@ class RemoteFiles:
         # transfer's request, or a transfer's in the code action. Taking turns keeps the two apart:
         # a code action before the transfer sees the old file, one after it the new one.
         async with await anyio.open_file(src, "rb") as source, self._lock:
-            steps = _Steps(await self._kernel(), "/".join(parts), self._timeout, self._grace)
+            kernel = await self._kernel()
+            steps = _Steps(kernel, "/".join(parts), kernel.config.transfer_timeout, self._grace)
             await steps.call("open_write", parts)
             try:
                 sent = 0
@@ -142,7 +140,7 @@ class RemoteFiles:
         async with self._lock:  # see upload
             kernel = await self._kernel()
             chunk = min(_DOWNLOAD_CHUNK, (kernel.frame_limit - _REPLY_ROOM) // 4 * 3)
-            steps = _Steps(kernel, path, self._timeout, self._grace)
+            steps = _Steps(kernel, path, kernel.config.transfer_timeout, self._grace)
             opened = await steps.call("open_read", parts)
             try:
                 [size] = steps.numbers(opened, 1)

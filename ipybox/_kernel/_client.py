@@ -134,9 +134,12 @@ class Kernel:
         limits: Limits,
         start_timeout: float,
         run_dir: Path | None = None,
-        skills_dir: Path | None = None,
+        host_dirs: Sequence[tuple[Path, str]] = (),
     ) -> AsyncGenerator[Kernel]:
         """Launch a kernel and wait until it answers on every channel it uses.
+
+        ``host_dirs`` are further host-owned directories mounted read-only (the skills directory),
+        each with the setting that names it in errors; each is checked again as it is opened.
 
         Raises:
             KernelStartError: The kernel exited or did not become ready within ``start_timeout``.
@@ -147,7 +150,7 @@ class Kernel:
         ready_read: int | None = None
         ready_write: int | None = None
         tools_fd: int | None = None
-        skills_fd: int | None = None
+        dir_fds: list[tuple[Path, int]] = []
         try:
             env = dict(env)
             if "HOME" not in env:
@@ -170,9 +173,9 @@ class Kernel:
                         tools_fd = open_tools_dir(tools_dir)
                     except UsageError as exc:
                         raise KernelStartError(str(exc)) from None
-                if skills_dir is not None:
+                for path, what in host_dirs:
                     try:
-                        skills_fd = open_tools_dir(skills_dir, what="skills_dir")
+                        dir_fds.append((path, open_tools_dir(path, what=what)))
                     except UsageError as exc:
                         raise KernelStartError(str(exc)) from None
                 seccomp_fd = sandbox_filter_fd()
@@ -187,7 +190,7 @@ class Kernel:
                         seccomp_fd=seccomp_fd,
                         socket_dir=SANDBOX_SOCKET_DIR,
                         tools_dir_fd=tools_fd,
-                        host_dirs=[(skills_dir, skills_fd)] if skills_dir is not None and skills_fd is not None else (),
+                        host_dirs=dir_fds,
                     ),
                     *argv,
                 ]
@@ -211,15 +214,19 @@ class Kernel:
                 env=env,
                 cwd=workspace,
                 start_new_session=True,
-                pass_fds=tuple(fd for fd in (seccomp_fd, ready_write, tools_fd, skills_fd) if fd is not None),
+                pass_fds=tuple(
+                    fd for fd in (seccomp_fd, ready_write, tools_fd, *(fd for _, fd in dir_fds)) if fd is not None
+                ),
             )
             # bwrap has its own copies; ours must not leak into later children, and the ready pipe
             # must reach end-of-file when the sandbox exits.
             close_fd(seccomp_fd)
             close_fd(ready_write)
             close_fd(tools_fd)
-            close_fd(skills_fd)
-            seccomp_fd = ready_write = tools_fd = skills_fd = None
+            for _, fd in dir_fds:
+                close_fd(fd)
+            dir_fds.clear()
+            seccomp_fd = ready_write = tools_fd = None
             kernel = cls(process, session, channels, run_dir, limits, cgroup)
             failure: KernelStartError | None = None
             try:
@@ -259,7 +266,7 @@ class Kernel:
                 with anyio.CancelScope(shield=True):
                     await process.aclose()
         finally:
-            for fd in (seccomp_fd, ready_read, ready_write, tools_fd, skills_fd):
+            for fd in (seccomp_fd, ready_read, ready_write, tools_fd, *(fd for _, fd in dir_fds)):
                 close_fd(fd)
             if cgroup is not None:
                 with anyio.CancelScope(shield=True):

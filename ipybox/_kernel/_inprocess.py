@@ -53,7 +53,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal, TextIO, cast
+from typing import Any, Literal, TextIO
 
 import anyio
 from IPython.core.displayhook import DisplayHook
@@ -61,7 +61,7 @@ from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from ipybox._config import KernelSettings, SandboxConfig
+from ipybox._config import KernelSettings
 from ipybox._events import wait_any
 from ipybox._exceptions import KernelDied, KernelStartError, UsageError
 from ipybox._kernelhome import IMPORT_ROOT
@@ -549,24 +549,6 @@ class InProcessKernel:
                 "network= (test network approvals with a sandboxed kernel)"
             )
         return requested
-
-    def check_executor(self, *, sandbox: object, pool: object, network: object) -> None:
-        """Refuse an executor that would use this kernel where it must not be used (see the class doc).
-
-        Raises:
-            UsageError: ``sandbox`` is not None, or a pool or a network policy was given, or this
-                process serves ipybox's MCP server.
-        """
-        if pool is not None:
-            raise UsageError(
-                "InProcessKernel cannot be combined with a KernelPool: pools hand sandboxed kernels to many "
-                "executors; drop pool= (an in-process kernel starts in milliseconds anyway)"
-            )
-        if sandbox is not None and sandbox != "auto" and not isinstance(sandbox, SandboxConfig):
-            return  # the executor's own check names the mistake
-        self.settings_for(
-            KernelSettings(workspace=Path(), sandbox=cast("SandboxConfig | None", sandbox), network=network is not None)
-        )
 
     @asynccontextmanager
     async def open(self, host: KernelHost) -> AsyncGenerator[KernelHandle]:

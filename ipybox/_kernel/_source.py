@@ -67,6 +67,7 @@ class KernelHost:
         token: The tool token kernel code must present on the tool socket (and the proxy's).
         tool_socket: The tool server's Unix socket, in ``home``.
         restarting: Whether this kernel replaces one (False for the executor's first kernel).
+        start_timeout: How long the start may take (the executor's ``timeouts.start``).
         adopt: Moves the executor's host side over to a kernel started ahead of time with a private
             directory of its own (a pool's): its installed packages, its tool server and network
             proxy (which check that kernel's token from then on), and its workspace if it has one.
@@ -79,6 +80,7 @@ class KernelHost:
     token: str
     tool_socket: Path
     restarting: bool
+    start_timeout: float
     adopt: Callable[[StartedHome], bool]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 from ipybox._approval import ApprovalRules, check_tool_pattern
-from ipybox._config import Limits, SandboxConfig, Timeouts
+from ipybox._config import KernelSettings, Limits, SandboxConfig, Timeouts
 from ipybox._exceptions import SandboxUnavailable, UsageError
 from ipybox._mcp import HttpServer, StdioServer, parse_server_params
 from ipybox.network._policy import Network
@@ -55,15 +55,16 @@ DEFAULT_MAX_FILE_BYTES = 20 * 1024**2
 class ServerConfig:
     """Everything the MCP server needs to know; one `CodeExecutor` per MCP session is built from it.
 
-    The kernel's sandbox, limits and timeouts are the executor's own configuration objects, with
-    their defaults (only the timeouts differ: see `DEFAULT_TIMEOUTS`).
+    What the kernels are started with is the executor's own `KernelSettings`, with its defaults;
+    the timeouts are the executor's `Timeouts` (only their defaults differ: see `DEFAULT_TIMEOUTS`).
 
     Attributes:
-        workspace: The kernel's working directory. With several sessions (HTTP), each session
-            works in its own subdirectory ``sessions/<id>`` of it.
-        sandbox: How kernels are sandboxed; None runs them without a sandbox (unsafe).
-        env: Environment variables for the kernel.
-        limits: The kernel's resource limits.
+        kernel: What every session's kernel is started with. Its ``workspace``: with several sessions
+            (HTTP), each session works in its own subdirectory ``sessions/<id>`` of it, with its own
+            tools directory (``tools_dir`` is not used); its ``skills_dir``: where skills are saved
+            (the ``save_skill`` and ``list_skills`` tools, and ``ipybox_kernel.save_skill`` in
+            kernel code), shared by every session, so a skill one session saves is importable in
+            the next; its ``network`` follows ``network`` below.
         timeouts: ``execution`` is the default time one ``execute_ipython_cell`` may run,
             ``approval`` how long to wait for the user's answer before rejecting a tool call.
         max_timeout: The largest timeout a client may ask for.
@@ -84,9 +85,6 @@ class ServerConfig:
         idle_ttl: Seconds without a request after which a session's kernel is shut down; the next
             request starts a fresh one (variables are lost; registered servers and files are kept).
             Over HTTP, a session whose client has gone away is closed after this time.
-        skills_dir: Where skills are saved (the ``save_skill`` and ``list_skills`` tools, and
-            ``ipybox_kernel.save_skill`` in kernel code); shared by every session, so a skill one
-            session saves is importable in the next. None: no skills.
         network: Network egress for the kernels (`Network`); None: no network. Unlisted
             destinations asked (``unlisted="ask"``) are rejected if ``deny_net`` lists them, else
             decided by the mode; tool globs in ``allow``/``deny`` never match them.
@@ -96,10 +94,7 @@ class ServerConfig:
             mounted, and with ``network`` the forwarder to its session's proxy.
     """
 
-    workspace: Path
-    sandbox: SandboxConfig | None = field(default_factory=SandboxConfig)
-    env: Mapping[str, str] = field(default_factory=dict[str, str])
-    limits: Limits = field(default_factory=Limits)
+    kernel: KernelSettings
     timeouts: Timeouts = DEFAULT_TIMEOUTS
     max_timeout: float = 3600.0
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
@@ -113,14 +108,16 @@ class ServerConfig:
     servers: Mapping[str, StdioServer | HttpServer] = field(default_factory=dict[str, StdioServer | HttpServer])
     allow_register: bool = True
     idle_ttl: float = DEFAULT_IDLE_TTL
-    skills_dir: Path | None = None
     network: Network | None = None
     pool_size: int = 0
 
     def __post_init__(self) -> None:
-        check_network(self.network, self.sandbox)
-        if not self.workspace.is_dir():
-            raise UsageError(f"workspace {str(self.workspace)!r} is not an existing directory; create it first")
+        kernel = cast("object", self.kernel)
+        if not isinstance(kernel, KernelSettings):
+            raise UsageError(f"kernel must be a KernelSettings, got {kernel!r}")
+        check_network(self.network, None if self.kernel.sandbox is None else SandboxConfig())
+        # The kernels are started for the network the sessions' executors have (frozen: object.__setattr__).
+        object.__setattr__(self, "kernel", replace(self.kernel, network=self.network is not None))
         if self.approval not in ("ask", "auto", "deny"):
             raise UsageError(f"approval must be 'ask', 'auto' or 'deny', got {self.approval!r}")
         self.rules  # noqa: B018  (checks the patterns now rather than at the first tool call)
@@ -409,10 +406,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     rw_paths = tuple(p.expanduser().resolve() for p in args.rw_path)
     sandbox = None if args.no_sandbox else _working_sandbox(SandboxConfig(ro_paths=ro_paths, rw_paths=rw_paths))
     return ServerConfig(
-        workspace=args.workspace.expanduser().resolve(),
-        sandbox=sandbox,
-        env=_pairs(args.env),
-        limits=limits,
+        kernel=KernelSettings(
+            workspace=args.workspace.expanduser().resolve(),
+            sandbox=sandbox,
+            env=_pairs(args.env),
+            limits=limits,
+            skills_dir=args.skills_dir.expanduser().resolve() if args.skills_dir is not None else None,
+        ),
         timeouts=timeouts,
         approval=mode,
         allow=allow,
@@ -424,7 +424,6 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         # client only when the operator says so.
         allow_register=not args.no_register and (args.transport == "stdio" or args.allow_register),
         idle_ttl=args.idle_ttl,
-        skills_dir=args.skills_dir.expanduser().resolve() if args.skills_dir is not None else None,
         network=Network(allow=args.allow_net, unlisted="ask" if args.ask_net else "deny")
         if args.allow_net or args.ask_net
         else None,

@@ -76,7 +76,7 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
                 await sessions.close_all()
                 tg.cancel_scope.cancel()
 
-    instructions = _INSTRUCTIONS + (_SKILLS_INSTRUCTIONS if config.skills_dir is not None else "")
+    instructions = _INSTRUCTIONS + (_SKILLS_INSTRUCTIONS if config.kernel.skills_dir is not None else "")
     server = MCPServer("ipybox", version=__version__, instructions=instructions, lifespan=lifespan)
 
     if shared:
@@ -93,8 +93,8 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
 
     add_execute_tool(server, config)
     add_server_tools(server, config)
-    if config.skills_dir is not None:
-        add_skill_tools(server, config.skills_dir)
+    if config.kernel.skills_dir is not None:
+        add_skill_tools(server, config.kernel.skills_dir)
     add_kernel_tools(server)
     add_file_tools(server, config)
     return server

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncGenerator, Generator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
 
@@ -31,6 +31,7 @@ from ipybox._events import wait_any
 from ipybox._exceptions import IpyboxError
 from ipybox._execution import Execution
 from ipybox._executor import CodeExecutor
+from ipybox._localkernel import LocalKernel
 from ipybox._mcp import HttpServer, StdioServer
 from ipybox._pool import KernelPool
 from ipybox.codegen._codegen import generate_mcp_sources
@@ -144,18 +145,16 @@ class Session:
 
     def _executor(self, pool: KernelPool | None = None) -> CodeExecutor:
         config = self.config
+        # This session's own directories; a pool's kernel (made from the same settings) brings its own.
+        settings = replace(config.kernel, workspace=self.workspace, tools_dir=self.tools_dir)
         # Servers listed in the tools directory's manifest are registered again on a restart.
         return CodeExecutor(
             workspace=self.workspace,
-            sandbox=config.sandbox,
-            env=config.env,
-            limits=config.limits,
             timeouts=config.timeouts,
             tools_dir=self.tools_dir,
             approval=self._approve,
-            skills_dir=config.skills_dir,
             network=config.network,
-            pool=pool,
+            kernel=pool or LocalKernel(settings),
         )
 
     def _adopt_dirs(self, executor: CodeExecutor) -> None:
@@ -345,7 +344,7 @@ class Sessions:
 
     def _create(self, connection: Connection | None) -> Session:
         """A new session, registered before it starts so concurrent first requests wait for it."""
-        workspace = self.config.workspace
+        workspace = self.config.kernel.workspace
         if connection is not None:
             # Several clients share this server: each works in its own directory.
             label = "".join(c for c in connection.session_id or "" if c.isalnum() or c in "-_")[:64]
@@ -393,19 +392,20 @@ def session_pool(config: ServerConfig) -> AbstractAsyncContextManager[KernelPool
     """
     if not config.pool_size:
         return nullcontext()
-    sessions = config.workspace / "sessions"
+    kernel = config.kernel
+    sessions = kernel.workspace / "sessions"
     sessions.mkdir(exist_ok=True)
     return KernelPool(
         config.pool_size,
         workspace=sessions,
-        sandbox=config.sandbox,
-        env=config.env,
-        limits=config.limits,
+        sandbox=kernel.sandbox,
+        env=kernel.env,
+        limits=kernel.limits,
         tools_dir=_TOOLS_PACKAGE,
         timeouts=config.timeouts,
         separate_workspaces=True,
-        skills_dir=config.skills_dir,
-        network=config.network is not None,
+        skills_dir=kernel.skills_dir,
+        network=kernel.network,
     )
 
 
