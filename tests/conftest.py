@@ -25,6 +25,10 @@ FAST = {
     "tests/test_docs.py::test_the_api_reference_documents_every_public_name_and_nothing_else",
     "tests/test_docs.py::test_every_cookbook_notebook_is_in_the_site_navigation",
     "tests/test_snippets.py::test_the_pages_have_python_blocks_to_check",
+    # Approval semantics, on ipybox.testing.InProcessKernel (the sandbox changes nothing about them).
+    "tests/test_tools.py::test_approval_policies_decide_without_asking",
+    "tests/test_tools.py::test_an_async_callback_policy_sees_the_request",
+    "tests/test_tools.py::test_an_approval_timeout_rejects_with_a_reason",
 }
 
 
@@ -36,7 +40,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         params: dict[str, object] = getattr(getattr(item, "callspec", None), "params", {})
         in_process = any(params.get(name) == "in_process" for name in IN_PROCESS_FIXTURES)
-        if in_process or item.nodeid.split("::")[0] in FAST or item.nodeid in FAST:
+        if in_process or {item.nodeid.split("::")[0], item.nodeid.split("[")[0]} & FAST:
             item.add_marker(pytest.mark.fast)
 
 
