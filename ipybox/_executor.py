@@ -124,7 +124,8 @@ class CodeExecutor:
             kernel's sandbox is the gateway's (leave ``sandbox`` at ``"auto"``); ``workspace`` then
             only receives the images of results, `upload` and `download` copy files to and from the
             kernel's working directory over the kernel protocol (in turn with executions), and
-            `install` is refused (see the "Remote kernels" documentation).
+            `install` is refused (see the "Remote kernels" documentation). In tests of your own
+            code only: `ipybox.testing.InProcessKernel` with ``sandbox=None`` (not a sandbox).
         oauth: For MCP servers with ``"oauth"`` in their parameters: how a person authorizes
             (a callback that gets the authorization URL) and where tokens are kept, on the host
             only (`ipybox.oauth.OAuth`; default: the default token store, no person to ask). One

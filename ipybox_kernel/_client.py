@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import sys
 from typing import Any, cast
 
@@ -23,7 +22,7 @@ from ._errors import (
     ToolOutput,
 )
 from ._protocol import EXECUTION_ENV, ErrorKind
-from ._transport import Abort, call_executor, round_trip
+from ._transport import IN_PROCESS, Abort, call_executor, kernel_setting, round_trip
 
 __all__ = ("acall_tool", "call_tool")
 
@@ -126,11 +125,11 @@ def _execution_id() -> str | None:
 
     ipython = sys.modules.get("IPython")
     try:
-        kernel = ipython.get_ipython().kernel  # pyright: ignore[reportOptionalMemberAccess]
+        # In an in-process kernel's cell, the process's IPython (if any) is the host's, not the kernel.
+        kernel = None if IN_PROCESS.get() is not None else ipython.get_ipython().kernel  # pyright: ignore[reportOptionalMemberAccess]
     except AttributeError:
-        msg_id = os.environ.get(EXECUTION_ENV)
-    else:
-        msg_id = execution_of(kernel, inherited=False)
+        kernel = None
+    msg_id = kernel_setting(EXECUTION_ENV) if kernel is None else execution_of(kernel, inherited=False)
     return msg_id if isinstance(msg_id, str) and msg_id else None
 
 

@@ -12,12 +12,15 @@ protocol instead (``ipybox_kernel._remote``).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import json
 import os
 import socket
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import ToolCallError, ToolServerUnavailable
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "Abort",
+    "InProcess",
     "call_executor",
     "round_trip",
     "set_output_mark",
@@ -45,6 +49,7 @@ class _Connection:
     """One connection to the tool server, used by one call at a time."""
 
     def __init__(self, path: str) -> None:
+        self.path = path
         self.pid = os.getpid()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -145,8 +150,9 @@ def call_executor() -> ThreadPoolExecutor:
 
 def _checkout(path: str) -> _Connection:
     with _pool_lock:
-        while _pool:
-            connection = _pool.pop()
+        # Only this socket's: one process may talk to several tool servers (in-process kernels).
+        for connection in [c for c in _pool if c.path == path]:
+            _pool.remove(connection)
             if connection.reusable():
                 return connection
             connection.close()
@@ -159,6 +165,37 @@ def _checkin(connection: _Connection) -> None:
             _pool.append(connection)
             return
     connection.close()
+
+
+@dataclass(frozen=True, eq=False)
+class InProcess:
+    """An in-process kernel's settings (``ipybox.testing``), for the cells it runs.
+
+    A real kernel takes them from its environment. An in-process kernel shares the host's, and one
+    process may run several such kernels, so each runs its cells in a context holding its own
+    (`IN_PROCESS`).
+
+    Attributes:
+        env: The settings a real kernel finds in its environment (`SOCKET_ENV`, `TOKEN_ENV`,
+            `EXECUTION_ENV`: the running cell).
+        output_mark: Marks the cell's output before each call (see `set_output_mark`).
+        calls: The calls in flight, which an interrupt aborts: a thread blocked on its reply sees
+            no KeyboardInterrupt until the reply comes.
+    """
+
+    env: Mapping[str, str]
+    output_mark: Callable[[str | None], int | None] | None = None
+    calls: weakref.WeakSet[Abort] = field(default_factory=lambda: weakref.WeakSet[Abort]())
+
+
+IN_PROCESS: contextvars.ContextVar[InProcess | None] = contextvars.ContextVar("ipybox_in_process", default=None)
+
+
+def kernel_setting(name: str) -> str | None:
+    """One of this kernel's settings: the in-process kernel's whose cell runs in this context, else the
+    environment's."""
+    in_process = IN_PROCESS.get()
+    return (os.environ if in_process is None else in_process.env).get(name)
 
 
 def round_trip(
@@ -174,9 +211,14 @@ def round_trip(
         ToolServerUnavailable: The tool server cannot be reached, or hung up during the call.
         ToolCallError: The request cannot be sent (arguments), or the call was cancelled.
     """
-    path = os.environ.get(SOCKET_ENV)
-    token = os.environ.get(TOKEN_ENV)
-    remote = os.environ.get(TRANSPORT_ENV) == TRANSPORT_KERNEL
+    path = kernel_setting(SOCKET_ENV)
+    token = kernel_setting(TOKEN_ENV)
+    remote = kernel_setting(TRANSPORT_ENV) == TRANSPORT_KERNEL
+    in_process = IN_PROCESS.get()
+    output_mark = _output_mark if in_process is None else in_process.output_mark
+    if in_process is not None and abort is None:
+        abort = Abort()
+        in_process.calls.add(abort)
     if not (path or remote) or not token:
         raise ToolServerUnavailable(
             server_name,
@@ -199,7 +241,7 @@ def round_trip(
     mark = None
     # A stream that cannot send (closed at shutdown) must not fail the call: it goes on, unordered.
     with contextlib.suppress(Exception):
-        mark = _output_mark(execution) if _output_mark is not None else None
+        mark = output_mark(execution) if output_mark is not None else None
     if mark is not None:
         request["mark"] = mark
     try:

@@ -11,7 +11,9 @@ if [ "${1:-}" = "--fast" ]; then
   bash scripts/setup.sh
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .
-  exec .venv/bin/pytest -m fast "$@"
+  # Branch coverage of the host package (pyproject.toml [tool.coverage]); the fast tier runs kernel
+  # code in-process (ipybox.testing), so what it covers is measured here.
+  exec .venv/bin/pytest -m fast --cov=ipybox --cov-report=term:skip-covered "$@"
 fi
 bash scripts/setup.sh --test-servers
 .venv/bin/ruff check .

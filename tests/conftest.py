@@ -16,6 +16,7 @@ FAST = {
     "tests/test_names.py",
     "tests/test_release.py",
     "tests/test_public_api.py",
+    "tests/test_testing.py",
     "tests/test_zmtp.py",
     "tests/test_config_errors.py",
     "tests/test_gateway_bridge.py",
@@ -27,12 +28,22 @@ FAST = {
     "tests/test_docs.py::test_the_api_reference_documents_every_public_name_and_nothing_else",
     "tests/test_docs.py::test_every_cookbook_notebook_is_in_the_site_navigation",
     "tests/test_snippets.py::test_the_pages_have_python_blocks_to_check",
+    # Approval semantics, on ipybox.testing.InProcessKernel (the sandbox changes nothing about them).
+    "tests/test_tools.py::test_approval_policies_decide_without_asking",
+    "tests/test_tools.py::test_an_async_callback_policy_sees_the_request",
+    "tests/test_tools.py::test_an_approval_timeout_rejects_with_a_reason",
 }
+
+
+# Fixtures whose "in_process" parameter runs a test on ipybox.testing.InProcessKernel: those runs are fast.
+IN_PROCESS_FIXTURES = ("executor", "asking")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.nodeid.split("::")[0] in FAST or item.nodeid in FAST:
+        params: dict[str, object] = getattr(getattr(item, "callspec", None), "params", {})
+        in_process = any(params.get(name) == "in_process" for name in IN_PROCESS_FIXTURES)
+        if in_process or {item.nodeid.split("::")[0], item.nodeid.split("[")[0]} & FAST:
             item.add_marker(pytest.mark.fast)
 
 

@@ -55,6 +55,16 @@ def test_the_lazy_names_are_the_objects_their_modules_define() -> None:
         getattr(ipybox, missing)
 
 
+def test_ipybox_testing_offers_the_in_process_kernel_and_nothing_else() -> None:
+    import ipybox.testing
+
+    exported = {name for name in dir(ipybox.testing) if not name.startswith("_") and name != "annotations"}
+    assert ipybox.testing.__all__ == ("InProcessKernel",)
+    assert exported == set(ipybox.testing.__all__)
+    # A test helper, not part of the top level: nobody gets it by importing ipybox.
+    assert "InProcessKernel" not in ipybox.__all__
+
+
 def test_each_kernel_source_is_public_and_has_the_kernel_source_shape() -> None:
     # `CodeExecutor(kernel=...)` takes any of them; KernelSource is what a new one implements.
     sources: list[ipybox.KernelSource] = [

@@ -33,6 +33,7 @@ from ipybox import (
     generate_mcp_sources,
 )
 from ipybox._policies import Approval
+from ipybox.testing import InProcessKernel
 
 pytestmark = pytest.mark.anyio
 
@@ -239,7 +240,13 @@ async def test_waiting_for_approval_does_not_count_against_the_execution_timeout
 
 
 async def test_an_approval_timeout_rejects_with_a_reason(tools_dir: Path, workspace: Path) -> None:
-    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, timeouts=Timeouts(approval=0.5)) as ex:
+    async with CodeExecutor(
+        workspace=workspace,
+        tools_dir=tools_dir,
+        kernel=InProcessKernel(),
+        sandbox=None,
+        timeouts=Timeouts(approval=0.5),
+    ) as ex:
         code = (
             "from ipybox_kernel import ToolCallRejected\nfrom mcptools.test import greet\n"
             "try:\n    greet.run({'name': 'x'})\nexcept ToolCallRejected as e:\n    print(e.reason)"
@@ -282,7 +289,9 @@ async def test_approval_policies_decide_without_asking(
         "    except ToolCallRejected:\n        outcome[tool] = False\n"
         "import json; print(json.dumps(outcome))"
     )
-    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, approval=approval) as ex:
+    async with CodeExecutor(
+        workspace=workspace, tools_dir=tools_dir, kernel=InProcessKernel(), sandbox=None, approval=approval
+    ) as ex:
         result = await ex.execute(code)
     assert json.loads(result.text) == expected
 
@@ -294,7 +303,9 @@ async def test_an_async_callback_policy_sees_the_request(tools_dir: Path, worksp
         seen.append(str(request))
         return ApprovalDecision(approved=False, reason="callback says no")
 
-    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, approval=approve) as ex:
+    async with CodeExecutor(
+        workspace=workspace, tools_dir=tools_dir, kernel=InProcessKernel(), sandbox=None, approval=approve
+    ) as ex:
         code = (
             "from ipybox_kernel import ToolCallRejected, call_tool\n"
             "try:\n    call_tool('test', 'greet', {'name': 'cb'})\nexcept ToolCallRejected as e:\n    print(e.reason)"

@@ -27,6 +27,7 @@ from mcp_types import METHOD_NOT_FOUND, DiscoverResult, RequestParams
 
 from ipybox import __version__
 from ipybox._exceptions import UsageError
+from ipybox._kernel._inprocess import forbid_in_process_kernels
 
 from ._config import ServerConfig
 from ._sessions import Sessions, session_pool
@@ -61,6 +62,8 @@ def build_server(config: ServerConfig, *, shared: bool = False) -> MCPServer:
 
     if config.pool_size and not shared:
         raise UsageError("pool_size keeps kernels for new HTTP sessions; a server with one session has no use for it")
+    # Its code comes from MCP clients: an in-process kernel (ipybox.testing) would run it unsandboxed here.
+    forbid_in_process_kernels("this process serves ipybox's MCP server, whose code comes from MCP clients")
 
     @asynccontextmanager
     async def lifespan(_: MCPServer) -> AsyncGenerator[Sessions]:

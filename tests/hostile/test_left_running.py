@@ -24,7 +24,7 @@ pytestmark = pytest.mark.anyio
 # execution over the tool socket, as the kernel's own client does; the outcome goes to a pipe.
 SETUP = r"""
 import os, sys, time, threading, _thread, subprocess
-from ipybox_kernel._transport import EXECUTION_ENV
+from ipybox_kernel._protocol import EXECUTION_ENV
 first = os.environ[EXECUTION_ENV]
 ids_r, ids_w = os.pipe()  # cell 2 writes its id here, for a process that cannot see the kernel's memory
 out_r, out_w = os.pipe()  # the left-behind code writes the outcome of its call here

@@ -59,7 +59,7 @@ def interrupting(answers: dict[str, ApprovalDecision]):
 TWO_CALLS = (
     "from ipybox_kernel import ToolCallRejected\n"
     "from mcptools.test import greet, add\n"
-    "open('side_effect.txt', 'a').write('ran\\n')\n"
+    "with open('side_effect.txt', 'a') as f:\n    f.write('ran\\n')\n"
     "print('before', flush=True)\n"
     "print(greet.run({'name': 'a'}), flush=True)\n"
     "try:\n"
@@ -179,7 +179,10 @@ async def test_the_payload_is_plain_json_naming_what_the_host_will_run(executor:
 async def test_a_resume_whose_executor_was_replaced_reports_lost_and_runs_nothing(
     tools_dir: Path, workspace: Path
 ) -> None:
-    code = "open('ran.txt', 'a').write('x')\nfrom mcptools.test import greet\ngreet.run({'name': 'gone'})"
+    code = (
+        "with open('ran.txt', 'a') as f:\n    f.write('x')\n"
+        "from mcptools.test import greet\ngreet.run({'name': 'gone'})"
+    )
     async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as first:
         execution = start_or_attach(first, "core:replaced", code)
         decide, _ = interrupting({})

@@ -91,7 +91,7 @@ def approve(value: dict[str, Any]) -> dict[str, Any]:
 TWO_CALLS = (
     "from ipybox_kernel import ToolCallRejected\n"
     "from mcptools.test import greet, add\n"
-    "open('{marker}', 'a').write('ran\\n')\n"
+    "with open('{marker}', 'a') as f:\n    f.write('ran\\n')\n"
     "print('hello:', greet.run({{'name': 'a'}}), flush=True)\n"
     "try:\n"
     "    print('sum:', add.run({{'a': 1, 'b': 2}}).result)\n"

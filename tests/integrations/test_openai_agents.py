@@ -43,7 +43,7 @@ set_tracing_disabled(True)
 TWO_CALLS = (
     "from ipybox_kernel import ToolCallRejected\n"
     "from mcptools.test import greet, add\n"
-    "open('side_effect.txt', 'a').write('ran\\n')\n"
+    "with open('side_effect.txt', 'a') as f:\n    f.write('ran\\n')\n"
     "print(greet.run({'name': 'a'}), flush=True)\n"
     "try:\n"
     "    print('sum', add.run({'a': 1, 'b': 2}))\n"
@@ -53,7 +53,7 @@ TWO_CALLS = (
 
 TWO_GREETINGS = (
     "from mcptools.test import greet\n"
-    "open('side_effect.txt', 'a').write('ran\\n')\n"
+    "with open('side_effect.txt', 'a') as f:\n    f.write('ran\\n')\n"
     "print(greet.run({'name': 'a'}))\n"
     "print(greet.run({'name': 'b'}))\n"
 )
@@ -158,7 +158,10 @@ async def test_a_state_restored_from_a_string_into_a_new_agent_resumes_the_same_
 async def test_a_resume_whose_execution_is_gone_reports_execution_lost_and_runs_nothing(
     tools_dir: Path, workspace: Path
 ) -> None:
-    code = "open('ran.txt', 'a').write('x')\nfrom mcptools.test import greet\nprint(greet.run({'name': 'gone'}))"
+    code = (
+        "with open('ran.txt', 'a') as f:\n    f.write('x')\n"
+        "from mcptools.test import greet\nprint(greet.run({'name': 'gone'}))"
+    )
     model = scripted(code)
     async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as first:
         agent = Agent(name="coder", tools=[ipybox_tool(first)], model=model)
@@ -174,7 +177,7 @@ async def test_a_resume_whose_execution_is_gone_reports_execution_lost_and_runs_
             result = await Runner.run(agent, state)
         [output] = tool_outputs(result)
         assert output.startswith("execution lost, nothing was re-run")
-        assert (await second.execute("print(open('ran.txt').read())")).text == "x\n"
+        assert (await second.execute("from pathlib import Path\nprint(Path('ran.txt').read_text())")).text == "x\n"
 
 
 @dataclass
@@ -221,7 +224,7 @@ async def test_needs_approval_shows_the_code_before_it_runs_and_a_rejected_actio
     async def review_deletions(ctx: RunContextWrapper[Any], params: dict[str, Any], call_id: str) -> bool:
         return "delete_item" in params["code"]
 
-    code = "open('side_effect.txt', 'a').write('ran\\n')\nfrom mcptools.test import delete_item\n"
+    code = "with open('side_effect.txt', 'a') as f:\n    f.write('ran\\n')\nfrom mcptools.test import delete_item\n"
     tool = ipybox_tool(executor, needs_approval=review_deletions)
     agent = Agent(name="coder", tools=[tool], model=scripted(code))
     with anyio.fail_after(60):

@@ -98,7 +98,7 @@ def tool_returns(result: AgentRunResult[Any]) -> list[ToolReturnPart]:
 GREET_THEN_ADD = (
     "from ipybox_kernel import ToolCallRejected\n"
     "from mcptools.test import greet, add\n"
-    "open('{marker}', 'a').write('ran\\n')\n"
+    "with open('{marker}', 'a') as f:\n    f.write('ran\\n')\n"
     "print(greet.run({{'name': 'a'}}), flush=True)\n"
     "try:\n"
     "    print('sum', add.run({{'a': 1, 'b': 2}}).result)\n"
@@ -236,7 +236,7 @@ def test_the_helper_refuses_a_decision_for_a_call_that_is_not_pending() -> None:
 async def test_a_bare_tool_denied_aborts_the_action_and_frees_the_kernel_for_the_next(
     executor: CodeExecutor, module_workspace: Path
 ) -> None:
-    paused = "from mcptools.test import delete_item\ndelete_item.run({'item_id': 'x'})\nopen('after.txt', 'w')"
+    paused = "from mcptools.test import delete_item\ndelete_item.run({'item_id': 'x'})\nopen('after.txt', 'w').close()"
     agent = Agent(
         scripted(paused, "print('next action')"),
         toolsets=[IpyboxToolset(executor)],
@@ -257,7 +257,10 @@ async def test_a_bare_tool_denied_aborts_the_action_and_frees_the_kernel_for_the
 async def test_a_resume_whose_execution_is_gone_reports_it_lost_and_runs_nothing(
     tools_dir: Path, workspace: Path
 ) -> None:
-    code = "open('lost.txt', 'a').write('x')\nfrom mcptools.test import greet\ngreet.run({'name': 'gone'})"
+    code = (
+        "with open('lost.txt', 'a') as f:\n    f.write('x')\n"
+        "from mcptools.test import greet\ngreet.run({'name': 'gone'})"
+    )
     with anyio.fail_after(90):
         async with CodeExecutor(workspace=workspace, tools_dir=tools_dir) as first:
             agent = Agent(scripted(code), toolsets=[IpyboxToolset(first)], output_type=[str, DeferredToolRequests])
@@ -278,7 +281,10 @@ async def test_a_resume_whose_execution_is_gone_reports_it_lost_and_runs_nothing
 async def test_a_decision_for_an_execution_this_process_never_started_runs_nothing(
     executor: CodeExecutor, module_workspace: Path
 ) -> None:
-    code = "open('elsewhere.txt', 'a').write('x')\nfrom mcptools.test import greet\ngreet.run({'name': 'far'})"
+    code = (
+        "with open('elsewhere.txt', 'a') as f:\n    f.write('x')\n"
+        "from mcptools.test import greet\ngreet.run({'name': 'far'})"
+    )
     paused = Agent(scripted(code), toolsets=[IpyboxToolset(executor)], output_type=[str, DeferredToolRequests])
     # The same conversation resumed by a toolset whose executions are keyed apart (another id), as a
     # process that never started the action would see it: no execution, no record of its key.
