@@ -11,9 +11,9 @@ if [ "${1:-}" = "--fast" ]; then
   bash scripts/setup.sh
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .
-  # Branch coverage of the host package (pyproject.toml [tool.coverage]); the fast tier runs kernel
-  # code in-process (ipybox.testing), so what it covers is measured here.
-  exec .venv/bin/pytest -m fast --cov=ipybox --cov-report=term:skip-covered "$@"
+  # Branch coverage (pyproject.toml [tool.coverage]) is not measured here yet: under coverage's
+  # tracer the in-process kernel's tests slow from seconds to minutes each (issue #29, open).
+  exec .venv/bin/pytest -m fast "$@"
 fi
 bash scripts/setup.sh --test-servers
 .venv/bin/ruff check .
