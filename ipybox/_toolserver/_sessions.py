@@ -166,9 +166,10 @@ class Sessions:
             # Not connected, and not to be before this call is approved: the gate gets the
             # annotations of the server's last listing, if there was one.
             spec = entry.tools.get(request.tool) if entry.tools is not None else None
-        target = _target(entry, spec)
-        check_arguments(target.input_schema, request)
-        return target
+        # Checked against the listed schema itself: the target's copy is frozen (tuples for arrays),
+        # which a JSON Schema validator does not take for JSON.
+        check_arguments(spec.input_schema if spec is not None else None, request)
+        return _target(entry, spec)
 
     async def call(self, request: ToolRequest) -> ToolResultReply:
         """Make an approved call: start or reach its server if needed, then call the tool.
