@@ -73,7 +73,10 @@ async def main(url: str) -> None:
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
     context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
     with tempfile.TemporaryDirectory() as tmp:
-        os.chdir(tmp)
+        # The tokens beside the workspace, not in it: the executor refuses a kernel that could read them.
+        workspace = Path(tmp) / "workspace"
+        workspace.mkdir()
+        os.chdir(workspace)
         oauth = OAuth(authorize=authorize, store=FileTokenStore(Path(tmp) / "tokens"))
         modules = await generate_mcp_sources("conf", server_params(url, scenario, context), "mcptools", oauth=oauth)
         print(f"generated: {modules}", file=sys.stderr)
@@ -82,7 +85,7 @@ async def main(url: str) -> None:
         module = modules[0]
         arguments = ARGUMENTS.get(module, {})
         code = f"from mcptools.conf import {module}\nprint({module}.run({arguments!r}))"
-        async with CodeExecutor(workspace=tmp, tools_dir="mcptools", approval="auto", oauth=oauth) as executor:
+        async with CodeExecutor(workspace=workspace, tools_dir="mcptools", approval="auto", oauth=oauth) as executor:
             result = None
             async for event in executor.execute(code):
                 if isinstance(event, CodeExecutionResult):
