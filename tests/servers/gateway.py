@@ -101,9 +101,17 @@ def run_gateway(
     args += options
     with tempfile.TemporaryDirectory(prefix="ipybox-gateway-") as cwd:
         log = Path(cwd) / "gateway.log"
+        (Path(cwd) / "runtime").mkdir(mode=0o700)
         with log.open("wb") as out:
             process = subprocess.Popen(
-                args, cwd=cwd, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+                args,
+                cwd=cwd,
+                # Its own runtime directory: the kernels' connection files are then this gateway's
+                # only, not also those of notebooks or other gateways the suite runs meanwhile.
+                env={**os.environ, "JUPYTER_RUNTIME_DIR": str(Path(cwd) / "runtime"), **(env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
             )
         try:
             gateway = Gateway(f"http://127.0.0.1:{port}", token)
