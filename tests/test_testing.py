@@ -177,6 +177,30 @@ async def test_cancelling_an_execution_blocked_on_an_approval_interrupts_it_and_
     assert (await executor.execute("kept")).text == "1\n"
 
 
+async def test_interrupting_a_cell_blocked_on_a_tool_call_does_not_stall_a_traced_host(
+    executor: CodeExecutor,
+) -> None:
+    # Under a trace function (coverage, a debugger) Python 3.11 makes every other thread that enters
+    # a function wait in a busy loop while an interrupt is pending for a thread blocked on a reply:
+    # the host's event loop stalled until that reply came, here never. Coverage traces already.
+    def trace(frame: object, event: str, arg: object) -> None:
+        return None
+
+    traced = sys.gettrace() is None
+    if traced:
+        sys.settrace(trace)
+    try:
+        execution = executor.execute("from mcptools.test import greet\ngreet.run({'name': 'never'})")
+        with anyio.fail_after(patient(10)), pytest.raises(ExecutionCancelled):
+            async for event in execution.events():
+                if isinstance(event, ApprovalRequest):
+                    execution.cancel()
+    finally:
+        if traced:
+            sys.settrace(None)
+    assert (await executor.execute("print('after')")).text == "after\n"
+
+
 async def test_a_thread_without_the_cells_context_cannot_call_tools(executor: CodeExecutor) -> None:
     code = textwrap.dedent(
         """

@@ -353,9 +353,13 @@ class InProcessShell:
         with self._running_lock:
             if self._running is None or self._thread.ident is None:
                 return
+            # The calls first, then the exception: on Python 3.11, while an asynchronous exception
+            # waits for a thread that holds no GIL (blocked on a reply), every other thread that
+            # enters a function under a trace function (coverage, a debugger) re-checks it in a busy
+            # loop until that thread runs again; aborted calls wake it at once.
+            for call in list(self._in_process.calls):
+                call.abort()
             _raise_in_thread(self._thread.ident, KeyboardInterrupt)
-        for call in list(self._in_process.calls):
-            call.abort()
 
     def cpu_seconds(self) -> float | None:
         ident = self._thread.ident
