@@ -25,5 +25,6 @@ NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 # Two workers (pytest-xdist), each given whole files (--dist loadfile, so a file's module fixtures, a
 # shared kernel or the conformance scenarios' pool, are made once): most tests wait on kernels and
 # servers starting in other processes, so two files at a time keep both cores busy.
-# IPYBOX_TEST_WORKERS=0 runs them in one process.
-.venv/bin/pytest -n "${IPYBOX_TEST_WORKERS:-2}" --dist loadfile "$@"
+# --no-loadscope-reorder keeps the collection's order, which puts the slowest files first
+# (tests/conftest.py SLOWEST_FIRST). IPYBOX_TEST_WORKERS=0 runs them in one process.
+.venv/bin/pytest -n "${IPYBOX_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import fcntl
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
@@ -39,7 +40,22 @@ FAST = {
 IN_PROCESS_FIXTURES = ("executor", "asking")
 
 
+# The slowest files, slowest first (docs/development.md, "How long the tests take"): run first, so the
+# two workers of `scripts/test.sh` (`--dist loadfile --no-loadscope-reorder`, which keeps this order)
+# never start one of them at the end while the other worker has nothing left to do. pytest-xdist's
+# own order, most tests first, put these one- and two-test files last.
+SLOWEST_FIRST = (
+    "tests/test_mcp_conformance.py",
+    "tests/test_snippets.py",
+    "tests/test_plugin.py",
+    "tests/test_setup.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: index for index, path in enumerate(SLOWEST_FIRST)}
+    # Stable: the other files, and the tests within each file, keep their order.
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
     for item in items:
         params: dict[str, object] = getattr(getattr(item, "callspec", None), "params", {})
         in_process = any(params.get(name) == "in_process" for name in IN_PROCESS_FIXTURES)
@@ -85,6 +101,17 @@ async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ipybox_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel built from this checkout, once per session, with an empty uv cache."""
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
+def ipybox_wheel(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The wheel built from this checkout, once per run, with an empty uv cache.
+
+    pytest-xdist's workers share it: the first to need it builds it into the run's temporary
+    directory (common to the workers of one run, new for each run) while the others wait on a lock.
+    """
+    if worker_id == "master":
+        return build_wheel(tmp_path_factory.mktemp("wheel"))
+    work = tmp_path_factory.getbasetemp().parent / "wheel"
+    work.mkdir(exist_ok=True)
+    with (work / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = sorted((work / "dist").glob("ipybox-*.whl"))
+        return built[0] if built else build_wheel(work)
