@@ -46,9 +46,11 @@ IN_PROCESS_FIXTURES = ("executor", "asking")
 # own order, most tests first, put these one- and two-test files last.
 SLOWEST_FIRST = (
     "tests/test_mcp_conformance.py",
+    "tests/test_install.py",
     "tests/test_snippets.py",
     "tests/test_plugin.py",
     "tests/test_setup.py",
+    "tests/test_codegen_typecheck.py",
 )
 
 
