@@ -6,6 +6,7 @@ import ast
 import json
 from collections.abc import AsyncGenerator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from codegen_support import EVERYTHING_BIN, EVERYTHING_MISSING, everything_params, shapes_params
@@ -101,6 +102,27 @@ async def test_stubs_are_rendered_without_importing_the_generated_code(root: Pat
     rate.write_text(f"{header}\n__import__('pathlib').Path({str(marker)!r}).touch()\n{rest}")
     assert "class rate:" in render_tool_stubs(copy.parent)
     assert not marker.exists()
+
+
+class _Unwanted:
+    """Stands for a foreign tree hung on ``ast``'s shared ``Load()``: copying it is the bug."""
+
+    def __deepcopy__(self, memo: object) -> _Unwanted:
+        raise AssertionError("a foreign object hung on ast.Load() was copied")
+
+
+async def test_stubs_do_not_copy_what_other_code_hangs_on_asts_shared_context_objects(root: Path) -> None:
+    # IPython's tracebacks (through `executing`) set `parent` on every node they walk, the shared
+    # Load() singleton included; a deep copy of any name then copied the whole traceback's tree.
+    before = render_tool_stubs(root)
+    name = ast.parse("x", mode="eval").body
+    assert isinstance(name, ast.Name)
+    load: Any = name.ctx
+    load.parent = _Unwanted()
+    try:
+        assert render_tool_stubs(root) == before
+    finally:
+        del load.parent
 
 
 @pytest.mark.skipif(not EVERYTHING_BIN.exists(), reason=EVERYTHING_MISSING)

@@ -9,9 +9,10 @@ permissive model instead (see ``_modelgen``).
 from __future__ import annotations
 
 import ast
-import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from ._pysource import copy_tree
 
 __all__ = ("EXTRA_FIELD", "Import", "Parsed", "Unsafe", "parse_generated")
 
@@ -246,11 +247,11 @@ def _inline_aliases(body: list[ast.stmt], imports: dict[str, Import]) -> list[as
                 raise Unsafe(f"recursive type alias {node.id!r}")
             if node.id not in resolved:
                 inner = Inliner(self.resolving | {node.id})
-                resolved[node.id] = inner.visit(copy.deepcopy(aliases[node.id]))
+                resolved[node.id] = inner.visit(copy_tree(aliases[node.id]))
             budget[0] -= sum(1 for _ in ast.walk(resolved[node.id]))
             if budget[0] < 0:
                 raise Unsafe("type aliases inline to too large a type")
-            return copy.deepcopy(resolved[node.id])
+            return copy_tree(resolved[node.id])
 
     out = [Inliner(frozenset()).visit(stmt) for stmt in rest]
     used = {n.id for stmt in out for n in ast.walk(stmt) if isinstance(n, ast.Name)}

@@ -8,10 +8,13 @@ exactly the intended string, the plain ``repr`` is used instead, which is always
 from __future__ import annotations
 
 import ast
+from typing import TypeVar
 
 from ipybox_kernel._text import comment_text, first_line, normalize_text
 
-__all__ = ("comment_text", "docstring_literal", "first_line", "normalize_text")
+_Node = TypeVar("_Node", bound=ast.AST)
+
+__all__ = ("comment_text", "copy_tree", "docstring_literal", "first_line", "normalize_text")
 
 
 def _escape_char(char: str) -> str:
@@ -55,3 +58,27 @@ def docstring_literal(text: str, *, indent: str = "") -> str:
     except (SyntaxError, ValueError):
         ok = False
     return literal if ok else repr(text)
+
+
+def copy_tree(node: _Node) -> _Node:
+    """A deep copy of ``node`` that copies only its AST fields and positions.
+
+    Not `copy.deepcopy`: ``ast.parse`` shares one ``Load()``/``Store()`` instance across every tree
+    in the process, and tools that walk trees (IPython's tracebacks through ``executing``) set a
+    ``parent`` on it; a deep copy of any name then copies that whole foreign tree, which made
+    rendering the stubs of a dozen tools take seconds in a host that had shown a traceback.
+    """
+    if isinstance(node, ast.expr_context):
+        return node  # the shared singletons, immutable by use
+    fields = {name: _copy_value(getattr(node, name)) for name in node._fields if hasattr(node, name)}
+    positions = {name: getattr(node, name) for name in node._attributes if hasattr(node, name)}
+    return type(node)(**fields, **positions)
+
+
+def _copy_value(value: object) -> object:
+    if isinstance(value, ast.AST):
+        return copy_tree(value)
+    if isinstance(value, list):
+        items: list[object] = value  # pyright: ignore[reportUnknownVariableType]
+        return [_copy_value(item) for item in items]
+    return value

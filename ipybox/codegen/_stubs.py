@@ -15,14 +15,13 @@ import and call them::
 from __future__ import annotations
 
 import ast
-import copy
 from collections.abc import Sequence
 from pathlib import Path
 
 from ipybox._exceptions import UsageError
 from ipybox_kernel._catalog import Server, Tool, field_keywords, load_server, run_def, server_packages, string_value
 
-from ._pysource import comment_text, first_line
+from ._pysource import comment_text, copy_tree, first_line
 
 __all__ = ("render_tool_stubs",)
 
@@ -74,7 +73,7 @@ class _Plain(ast.NodeTransformer):
 
 
 def _plain(node: ast.expr) -> ast.expr:
-    return _Plain().visit(copy.deepcopy(node))
+    return _Plain().visit(copy_tree(node))
 
 
 def _cut(node: ast.expr) -> str:
