@@ -186,11 +186,12 @@ def elicitation_text(request: ElicitationRequest, *, message_chars: int = MESSAG
     lines += text_block(message)
     if request.url is not None:
         host = request.host
-        lines.append(f"URL (ipybox does not open it): {safe_json(request.url)}")
+        # ASCII only: a look-alike letter in the URL shows as its escape, not as the letter it imitates.
+        lines.append(f"URL (ipybox does not open it): {quote(request.url)}")
         lines.append(f"It leads to the host: {shown_name(host) if host else 'unknown'}")
         shown = _unicode_host(host)
         if shown is not None:
-            lines.append(f"  (an internationalised name: written as {safe_json(shown)}, which may imitate another)")
+            lines.append(f"  (an internationalised name: written {quote(shown)}, which may imitate another)")
         lines.append("Answer with {} only if the person went to this URL themselves; decline otherwise.")
         return "\n".join(lines)
     schema = request.requested_schema or {}

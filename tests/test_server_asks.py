@@ -6,13 +6,12 @@ in, roots only as configured. The hostile cases are in tests/hostile/test_server
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from mcp import types as mcp_types
+from server_asks_support import ASKING_STDIO, call, run
 from servers.fixtures import ASKING_SERVER_SCRIPT, http_server
 
 from ipybox import (
@@ -21,7 +20,6 @@ from ipybox import (
     ApprovalRequest,
     ApprovalRules,
     ClientFeatures,
-    CodeExecutionResult,
     CodeExecutor,
     ElicitationRequest,
     HttpServer,
@@ -35,8 +33,6 @@ from ipybox.testing import InProcessKernel
 
 pytestmark = pytest.mark.anyio
 
-ASKING_STDIO = StdioServer(command=sys.executable, args=(str(ASKING_SERVER_SCRIPT),))
-
 
 @pytest.fixture(scope="module")
 def asking_http() -> Iterator[HttpServer]:
@@ -47,35 +43,6 @@ def asking_http() -> Iterator[HttpServer]:
 @pytest.fixture(params=["stdio", "streamable-http"])
 def asking(request: pytest.FixtureRequest) -> StdioServer | HttpServer:
     return ASKING_STDIO if request.param == "stdio" else request.getfixturevalue("asking_http")
-
-
-def call(tool: str, args: dict[str, Any]) -> str:
-    """Kernel code that calls a tool of the asking server and prints what it returned."""
-    return f"from ipybox_kernel import call_tool\nprint(call_tool('asking', {tool!r}, {args!r}).text)"
-
-
-async def run(
-    executor: CodeExecutor,
-    code: str,
-    on_question: Callable[[ElicitationRequest], Awaitable[None]] | None = None,
-) -> tuple[list[ElicitationRequest], Any]:
-    """Run code, accepting tool calls and handing the server's questions to ``on_question``;
-    the questions seen and the printed JSON."""
-    questions: list[ElicitationRequest] = []
-    result: CodeExecutionResult | None = None
-    async for event in executor.execute(code):
-        if isinstance(event, ElicitationRequest):
-            questions.append(event)
-            if on_question is not None:
-                await on_question(event)
-            else:
-                await event.decline()
-        elif isinstance(event, ApprovalRequest):
-            await event.accept()
-        elif isinstance(event, CodeExecutionResult):
-            result = event
-    assert result is not None
-    return questions, json.loads(result.text)
 
 
 @pytest.fixture

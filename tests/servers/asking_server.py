@@ -34,9 +34,9 @@ def build_server() -> MCPServer:
     server = MCPServer("asking")
 
     @server.tool()
-    async def ask(message: str, ctx: Context, schema: str | None = None, times: int = 1) -> str:
-        """Elicit ``times`` times with ``message`` and the JSON ``schema`` (default: a name form)."""
-        requested = NAME_FORM if schema is None else json.loads(schema)
+    async def ask(message: str, ctx: Context, schema: dict[str, Any] | None = None, times: int = 1) -> str:
+        """Elicit ``times`` times with ``message`` and ``schema`` (default: a name form)."""
+        requested = NAME_FORM if schema is None else schema
         answers: list[Any] = []
         for _ in range(times):
             try:
