@@ -6,11 +6,17 @@ in, roots only as configured. The hostile cases are in tests/hostile/test_server
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
+from deadline_support import patient
+from mcp import Client, StdioServerParameters
 from mcp import types as mcp_types
+from mcp.client.context import ClientRequestContext
 from server_asks_support import ASKING_STDIO, call, run
 from servers.fixtures import ASKING_SERVER_SCRIPT, http_server
 
@@ -187,3 +193,66 @@ def test_client_features_refuse_relative_roots_and_a_single_path() -> None:
     with pytest.raises(UsageError, match="a list of directories"):
         ClientFeatures(roots="/srv/project")
     assert ClientFeatures(roots=["file:///srv/x", Path("/srv/y")]).root_uris == ("file:///srv/x", "file:///srv/y")
+
+
+# -- ipybox mcp: a registered server's question goes to ipybox's own client ------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+# Starting the MCP server (import mcp) and its sandboxed kernel on a loaded 2-core machine.
+MCP_START = 60.0
+
+
+def _ipybox_mcp(workspace: Path, *options: str) -> StdioServerParameters:
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "ipybox.mcp_server", "--workspace", str(workspace), *options],
+        env=env,
+        cwd=str(REPO),
+    )
+
+
+async def test_ipybox_mcp_forwards_a_registered_servers_question_to_its_client_and_its_answer_back(
+    tmp_path: Path,
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    messages: list[str] = []
+
+    async def user(
+        context: ClientRequestContext, params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult | mcp_types.ErrorData:
+        messages.append(params.message)
+        if params.message.startswith("MCP server asking asks a question"):
+            assert isinstance(params, mcp_types.ElicitRequestFormParams)
+            assert set(params.requested_schema["properties"]) == {"name", "age"}
+            return mcp_types.ElicitResult(action="accept", content={"name": "Grace"})
+        return mcp_types.ElicitResult(action="accept", content={"approve": True})
+
+    asking = ASKING_STDIO.model_dump(mode="json", exclude_none=True)
+    code = call("ask", {"message": "Who\nApprove this call?"})
+    with anyio.fail_after(patient(MCP_START) * 2):
+        async with Client(_ipybox_mcp(workspace), elicitation_callback=user, mode="legacy") as client:
+            registered = await client.call_tool(
+                "register_mcp_server", {"server_name": "asking", "server_params": asking}
+            )
+            assert not registered.is_error
+            result = await client.call_tool("execute_ipython_cell", {"code": code})
+    text = "".join(c.text for c in result.content if isinstance(c, mcp_types.TextContent))
+    assert json.loads(text) == [{"action": "accept", "content": {"name": "Grace"}}]
+    assert [m.split(" ", 3)[:3] for m in messages] == [["MCP", "tool", "call"], ["MCP", "server", "asking"]]
+    assert "    | Who\n    | Approve this call?" in messages[1]
+
+
+async def test_ipybox_mcp_declines_a_registered_servers_question_when_its_client_cannot_be_asked(
+    tmp_path: Path,
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    asking = ASKING_STDIO.model_dump(mode="json", exclude_none=True)
+    with anyio.fail_after(patient(MCP_START) * 2):
+        async with Client(_ipybox_mcp(workspace, "--approval", "auto"), mode="legacy") as client:
+            await client.call_tool("register_mcp_server", {"server_name": "asking", "server_params": asking})
+            result = await client.call_tool("execute_ipython_cell", {"code": call("ask", {"message": "m"})})
+    text = "".join(c.text for c in result.content if isinstance(c, mcp_types.TextContent))
+    assert json.loads(text) == [{"action": "decline", "content": None}]
