@@ -35,8 +35,8 @@ from ipybox._executor import CodeExecutor
 from ipybox._localkernel import LocalKernel
 from ipybox._mcp import HttpServer, StdioServer
 from ipybox._policies import ApprovalChain
-from ipybox._serverasks import ElicitationRequest
 from ipybox._pool import KernelPool
+from ipybox._serverasks import ElicitationRequest
 from ipybox.codegen._codegen import generate_mcp_sources
 from ipybox.network._request import NetworkRequest
 
