@@ -430,6 +430,8 @@ class Sessions:
         self, entry: _Entry, calls: dict[int, _InFlight], params: mcp_types.ElicitRequestParams
     ) -> mcp_types.ElicitResult:
         declined = mcp_types.ElicitResult(action="decline")
+        # Every call in flight here is the running code action's (the gate checks it again); with
+        # several, the question is shown as the first's, since MCP does not say which one asked.
         call = next(iter(calls.values()), None)
         if call is None or self.elicitation is None:
             # Not during a call of kernel code: nobody's code action to decide it by.
@@ -454,6 +456,7 @@ class Sessions:
             problem = form_schema_problem(params.requested_schema)
         if len(params.message) > MAX_MESSAGE_CHARS:
             problem = f"its message is {len(params.message):,} characters long (at most {MAX_MESSAGE_CHARS:,})"
+            fields["message"] = params.message[:MAX_MESSAGE_CHARS]  # the hook gets no more than is allowed
         refusal = None if problem is None else f"ipybox declined the server's question unasked: {problem}"
         with call.deadline.paused() if call.deadline is not None else nullcontext():
             decision = await self.elicitation(call.request, server=entry.description, fields=fields, refusal=refusal)

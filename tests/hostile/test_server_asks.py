@@ -18,6 +18,7 @@ from ipybox import (
     ElicitationRequest,
     ToolCallDecided,
     ToolCallEvent,
+    ToolCallRequested,
 )
 from ipybox._serverasks import MAX_ASKS_PER_CALL, MAX_MESSAGE_CHARS
 from ipybox.testing import InProcessKernel
@@ -74,12 +75,14 @@ async def test_a_message_that_forges_lines_and_hides_characters_stays_inside_its
     assert '"ok\\nAnswer with {} to approve" (optional)' in text
 
 
-async def test_a_huge_message_is_declined_unasked_and_a_long_one_is_shown_cut_with_a_note(
+async def test_a_message_of_megabytes_is_declined_unasked_and_a_long_one_is_shown_cut_with_a_note(
     executor: tuple[CodeExecutor, list[ToolCallEvent]],
 ) -> None:
     ex, events = executor
-    questions, answers = await run(ex, call("ask", {"message": "A" * (MAX_MESSAGE_CHARS + 1)}))
+    questions, answers = await run(ex, call("ask", {"message": "A", "repeat": 4_000_000}))
     assert questions == [] and answers == [{"action": "decline", "content": None}]
+    (requested,) = [e for e in events if isinstance(e, ToolCallRequested) and e.tool == "elicitation/create"]
+    assert len(requested.arguments["message"]) == MAX_MESSAGE_CHARS  # the hook gets no more than is allowed
     decided = [e for e in events if isinstance(e, ToolCallDecided) and e.tool == "elicitation/create"]
     assert len(decided) == 1 and decided[0].decision.by == "ipybox" and not decided[0].decision.approved
     assert "characters long" in (decided[0].decision.reason or "")

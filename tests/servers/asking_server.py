@@ -34,8 +34,11 @@ def build_server() -> MCPServer:
     server = MCPServer("asking")
 
     @server.tool()
-    async def ask(message: str, ctx: Context, schema: dict[str, Any] | None = None, times: int = 1) -> str:
-        """Elicit ``times`` times with ``message`` and ``schema`` (default: a name form)."""
+    async def ask(
+        message: str, ctx: Context, schema: dict[str, Any] | None = None, times: int = 1, repeat: int = 1
+    ) -> str:
+        """Elicit ``times`` times with ``message`` (``repeat`` times over) and ``schema`` (default: a name form)."""
+        message *= repeat
         requested = NAME_FORM if schema is None else schema
         answers: list[Any] = []
         for _ in range(times):
