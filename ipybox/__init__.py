@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from ._results import CodeExecutionResult as CodeExecutionResult
     from ._results import Image as Image
     from ._results import Output as Output
+    from ._serverasks import ClientFeatures as ClientFeatures
+    from ._serverasks import ElicitationRequest as ElicitationRequest
     from ._toolevents import ToolCallDecided as ToolCallDecided
     from ._toolevents import ToolCallEvent as ToolCallEvent
     from ._toolevents import ToolCallFinished as ToolCallFinished
@@ -84,10 +86,12 @@ _LAZY = {
     "ApprovalRequest": "._approval",
     "ApprovalRules": "._approval",
     "CatalogueMode": ".codegen._search",
+    "ClientFeatures": "._serverasks",
     "CodeExecutionChunk": "._results",
     "CodeExecutionError": "._exceptions",
     "CodeExecutionResult": "._results",
     "CodeExecutor": "._executor",
+    "ElicitationRequest": "._serverasks",
     "Execution": "._execution",
     "ExecutionCancelled": "._exceptions",
     "ExecutionError": "._exceptions",
@@ -149,10 +153,12 @@ __all__ = (
     "ApprovalRequest",
     "ApprovalRules",
     "CatalogueMode",
+    "ClientFeatures",
     "CodeExecutionChunk",
     "CodeExecutionError",
     "CodeExecutionResult",
     "CodeExecutor",
+    "ElicitationRequest",
     "Execution",
     "ExecutionCancelled",
     "ExecutionError",

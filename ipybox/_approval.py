@@ -47,6 +47,10 @@ class ApprovalDecision:
     remember: bool = field(default=False, repr=False)
     """For a `NetworkRequest`: allow the destination for the rest of the executor's life (ignored
     for tool calls, so left out of the repr that tool-call logs show)."""
+    content: Mapping[str, Any] | None = field(default=None, repr=False)
+    """For an `ElicitationRequest`: the answer (the form's values; ``{}`` in URL mode). An
+    approval without one declines the server's question (ignored for tool calls; left out of the
+    repr, since it may hold what a person typed)."""
 
 
 class _FrozenDict(dict[str, Any]):
@@ -276,8 +280,11 @@ class ApprovalRules:
 
     def decide(self, request: ApprovalRequest) -> ApprovalDecision | None:
         """The rules' decision, or None when the application must be asked."""
+        from ._serverasks import ElicitationRequest  # imports this module
         from .network._request import NetworkRequest  # imports this module
 
+        if isinstance(request, ElicitationRequest):
+            return None  # a server's question: rules decide tool calls and destinations, never answers
         name = request.rule_name
         if isinstance(request, NetworkRequest):
             if any_entry_allows(self._deny_net, request.host, request.port):

@@ -31,11 +31,14 @@ from ._schemacheck import regex_search
 
 if TYPE_CHECKING:
     from ._approval import ApprovalRequest
+    from ._serverasks import ElicitationRequest
 
 __all__ = (
     "LEFT_RUNNING_WARNING",
+    "MESSAGE_CHARS",
     "VALUE_CHARS",
     "WHOLE_IN_REQUEST",
+    "elicitation_text",
     "escape",
     "quote",
     "request_text",
@@ -47,6 +50,8 @@ __all__ = (
 # Characters of one argument value shown in the SDK's text; the whole is in the request's data.
 VALUE_CHARS = 4_000
 WHOLE_IN_REQUEST = "the whole arguments are in ApprovalRequest.tool_args (an adapter's approval payload: 'args')"
+# Characters of a server's elicitation message shown; the whole is in ElicitationRequest.message.
+MESSAGE_CHARS = 4_000
 # Opens the host's statement that code of an earlier code action may have made the request.
 LEFT_RUNNING_WARNING = "WARNING, ORIGIN UNCERTAIN:"
 # The tool whose code argument is shown whole, as a block: a skill is code that later runs unasked.
@@ -160,6 +165,61 @@ def request_text(
             lines.append("Code:")
             lines += text_block(code)
     return "\n".join(lines)
+
+
+def elicitation_text(request: ElicitationRequest, *, message_chars: int = MESSAGE_CHARS) -> str:
+    """What a person reads before answering a server's question: who asks, during which call, the
+    server's message as a block no line of which starts at the margin, then the form's fields or
+    the URL with its host spelled unambiguously."""
+    lines = [request.headline]
+    if request.left_running is not None:
+        lines.append(f"{LEFT_RUNNING_WARNING} {request.left_running}")
+    message = request.message
+    if len(message) > message_chars:
+        lines.append(
+            f"Message (truncated: {message_chars:,} of {len(message):,} characters shown; the whole is in "
+            "ElicitationRequest.message):"
+        )
+        message = message[:message_chars]
+    else:
+        lines.append("Message:")
+    lines += text_block(message)
+    if request.url is not None:
+        host = request.host
+        # ASCII only: a look-alike letter in the URL shows as its escape, not as the letter it imitates.
+        lines.append(f"URL (ipybox does not open it): {quote(request.url)}")
+        lines.append(f"It leads to the host: {shown_name(host) if host else 'unknown'}")
+        shown = _unicode_host(host)
+        if shown is not None:
+            lines.append(f"  (an internationalised name: written {quote(shown)}, which may imitate another)")
+        lines.append("Answer with {} only if the person went to this URL themselves; decline otherwise.")
+        return "\n".join(lines)
+    schema = request.requested_schema or {}
+    properties = cast("Mapping[str, Any]", schema.get("properties") or {})
+    required = set(cast("tuple[str, ...]", schema.get("required") or ()))
+    if not properties:
+        lines.append("Fields: none (the server asks only for a yes or no)")
+    else:
+        lines.append("Fields (names and text quoted and escaped):")
+    for key, spec in properties.items():
+        spec = cast("Mapping[str, Any]", spec)
+        facts = {k: v for k, v in spec.items() if k not in ("title", "description")}
+        words = [w for w in (spec.get("title"), spec.get("description")) if isinstance(w, str)]
+        said = f" -- {_shown_value(' / '.join(words), VALUE_CHARS, 'see requested_schema')}" if words else ""
+        need = "required" if key in required else "optional"
+        lines.append(f"  {quote(key)} ({need}): {_shown_value(facts, VALUE_CHARS, 'see requested_schema')}{said}")
+    lines.append("Answer only what you would tell this server; decline otherwise.")
+    return "\n".join(lines)
+
+
+def _unicode_host(host: str | None) -> str | None:
+    """The Unicode spelling of an internationalised (punycode) host, or None for a plain one."""
+    if host is None or "xn--" not in host:
+        return None
+    try:
+        return host.encode("ascii").decode("idna")
+    except UnicodeError:
+        return None
 
 
 def _argument_lines(request: ApprovalRequest, value_chars: int, whole_at: str) -> list[str]:

@@ -21,11 +21,22 @@ __all__ = ("BoundedClientSession",)
 
 
 class BoundedClientSession(ClientSession):
-    """A `ClientSession` whose check of tool results cannot hang or crash the host."""
+    """A `ClientSession` whose check of tool results cannot hang or crash the host.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    ``offers_sampling`` False keeps sampling out of the capabilities it advertises even with a
+    ``sampling_callback``, which then only gives the server a clear refusal (ipybox._serverasks).
+    """
+
+    def __init__(self, *args: Any, offers_sampling: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._output_schemas: dict[str, Mapping[str, Any] | None] = {}
+        self._offers_sampling = offers_sampling
+
+    def _build_capabilities(self, version: str) -> types.ClientCapabilities:
+        capabilities = super()._build_capabilities(version)
+        if self._offers_sampling or capabilities.sampling is None:
+            return capabilities
+        return capabilities.model_copy(update={"sampling": None})
 
     async def list_tools(self, *, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
         listed = await super().list_tools(params=params)

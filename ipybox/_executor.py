@@ -42,6 +42,7 @@ from ._packages import install_package
 from ._policies import Approval, check_approval
 from ._pool import KernelPool
 from ._running import run_execution
+from ._serverasks import ClientFeatures
 from ._supervisor import KernelSupervisor
 from ._tokenstore import FileTokenStore, refuse_token_dir_in
 from ._toolevents import ToolCallHook
@@ -136,6 +137,9 @@ class CodeExecutor:
             sync or async, where each happens (for metrics, logs and traces). It cannot change a
             decision: what it raises is logged and dropped. The events hold the call's arguments,
             which may be personal data.
+        mcp_client: What ipybox's MCP client offers the servers beyond tool calls (`ClientFeatures`:
+            a sampling handler, roots); default none. A question a server asks during a call
+            (elicitation) needs nothing here: it is an `ElicitationRequest`, decided like a call.
     """
 
     def __init__(
@@ -154,6 +158,7 @@ class CodeExecutor:
         kernel: KernelSource | None = None,
         oauth: OAuth | None = None,
         on_tool_call: ToolCallHook | None = None,
+        mcp_client: ClientFeatures | None = None,
     ) -> None:
         check_kernel_settings(env, limits, timeouts)
         check_approval(approval)
@@ -188,6 +193,9 @@ class CodeExecutor:
         self._keyed = KeyedExecutions()
         self._tools: ToolServer | None = None
         self._oauth = oauth
+        if mcp_client is not None and not isinstance(mcp_client, ClientFeatures):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"mcp_client must be a ClientFeatures, got {mcp_client!r}")
+        self._client_features = mcp_client
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -221,6 +229,8 @@ class CodeExecutor:
             call_timeout=self.timeouts.tool,
             oauth=self._oauth,
             on_finished=self._gate.finished if self._gate.hook is not None else None,
+            elicitation=self._gate.elicitation,
+            features=self._client_features,
         )
         self._tools.register_builtin(
             BUILTIN_SERVER, "install_package", self._install_from_kernel, input_schema=_INSTALL_SCHEMA

@@ -29,6 +29,7 @@ from ._execution import ExecutionDriver
 from ._kernel import KernelHandle
 from ._leftrunning import LeftRunning
 from ._policies import Approval, decide_by_policy, policy_name
+from ._serverasks import ELICIT_METHOD, ElicitationRequest, settled
 from ._toolevents import ToolCallDecided, ToolCallFinished, ToolCallHook, ToolCallRequested, notify
 from ._toolserver._channel import ToolRequest
 from .network._request import NetworkRequest, network_request_fields
@@ -131,6 +132,35 @@ class ApprovalGate:
         )
         return await self._decide(driver, request, after_mark=call.mark, call=call)
 
+    async def elicitation(
+        self, call: ToolRequest, *, server: str, fields: Mapping[str, Any], refusal: str | None = None
+    ) -> ApprovalDecision:
+        """The `ToolServer`'s asker for a question a server asks during ``call`` (`ElicitationRequest`
+        fields: mode, message, schema or URL): decided like the call itself, by the same execution's
+        policy or its application, never by kernel code. With ``refusal`` (what ipybox found wrong
+        with it) it is declined unasked, and the hook still sees it."""
+        driver = self._driver
+        if driver is None or call.execution is None or call.execution != self._msg_id:
+            why = "the tool call it came with has no running code action"
+            return ApprovalDecision(approved=False, reason=why, by="ipybox")
+        unknown = self._origin_unknown(driver, f"question of MCP server {call.server}")
+        if unknown is not None:
+            return unknown
+        words = ("mode", "message", "requested_schema", "url")
+        args = {key: fields[key] for key in words if fields.get(key) is not None}
+        request = driver.new_request(
+            ElicitationRequest,
+            server_name=call.server,
+            tool_name=ELICIT_METHOD,
+            tool_args=args,
+            server=server,
+            during_tool=call.tool,
+            left_running=self._left_running,
+            **fields,
+        )
+        preset = None if refusal is None else ApprovalDecision(approved=False, reason=refusal, by="ipybox")
+        return await self._decide(driver, request, preset=preset)
+
     async def network(self, host: str, port: int, execution_id: str) -> ApprovalDecision:
         """The network proxy's asker: a decision on a connection to an unlisted destination."""
         driver = self._driver
@@ -152,6 +182,7 @@ class ApprovalGate:
         *,
         after_mark: int | None = None,
         call: ToolRequest | None = None,
+        preset: ApprovalDecision | None = None,
     ) -> ApprovalDecision:
         hook = self.hook
         fields: dict[str, Any] = {}
@@ -161,7 +192,10 @@ class ApprovalGate:
             began = self._requested(call, fields)
             requested = ToolCallRequested(**fields, arguments=request.tool_args, annotations=request.annotations)
             await notify(hook, requested)
-        decision, decider = await decide_by_policy(self._policy_of(driver), request)
+        if preset is None:
+            decision, decider = await decide_by_policy(self._policy_of(driver), request)
+        else:
+            decision, decider = preset, None
         if decision is not None and request.left_running is not None:
             # The same policy decided the earlier code's requests (else _origin_unknown refused this
             # one): it decides this one as it would have decided that code's. Logged, since no one saw it.
@@ -171,6 +205,8 @@ class ApprovalGate:
             decision = await driver.ask(request, self._timeout, after_mark=after_mark)
         else:
             request.decide(decision)
+        if isinstance(request, ElicitationRequest):
+            decision = settled(request, decision)
         if hook is not None:
             policy = None if decider is None else policy_name(decider)
             await self._decided(call, fields, began, decision, policy)

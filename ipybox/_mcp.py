@@ -351,12 +351,15 @@ async def open_session(
     connect_timeout: float = CONNECT_TIMEOUT,
     errlog: TextIO = sys.stderr,
     oauth: OAuth | None = None,
+    callbacks: Mapping[str, Any] | None = None,
 ) -> AsyncGenerator[ClientSession]:
     """Connect to an MCP server and yield an initialized session.
 
     ``${VAR}`` placeholders are resolved from the host environment here, at connect time. A server
     with ``oauth`` gets its auth from ``oauth`` (default: an `OAuth` with the default token store
     and no person to ask); the connect timeout stands still while a person authorizes.
+    ``callbacks`` answer what the server asks of the client (`BoundedClientSession`'s keywords:
+    elicitation, sampling, roots); without them the session advertises none and refuses them all.
 
     Raises:
         MCPServerError: The server could not be started, refused the connection (the message says
@@ -424,7 +427,9 @@ async def open_session(
                     read, write = await stack.enter_async_context(
                         streamable_http_client(resolved.url, http_client=client)
                     )
-            session = await stack.enter_async_context(BoundedClientSession(read, write, client_info=client_info()))
+            session = await stack.enter_async_context(
+                BoundedClientSession(read, write, client_info=client_info(), **(callbacks or {}))
+            )
             if refusals is not None:
                 _REFUSALS[session] = refusals
             mark = refusals.mark() if refusals is not None else mark

@@ -38,6 +38,8 @@ __all__ = (
     "AuthorizationRequest",
     "Authorize",
     "OAuth",
+    "PausableDeadline",
+    "current_deadline",
     "pausable_deadline",
     "person_waiting",
     "printable",
@@ -158,6 +160,11 @@ def pausable_deadline(seconds: float | None) -> Generator[anyio.CancelScope]:
             yield scope
         finally:
             _deadline.reset(token)
+
+
+def current_deadline() -> PausableDeadline | None:
+    """The pausable deadline of the running call or connect, if any (see `pausable_deadline`)."""
+    return _deadline.get()
 
 
 @contextmanager

@@ -42,6 +42,7 @@ from ipybox._approval import ApprovalDecision, read_only_copy
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer
 from ipybox._oauth import OAuth
+from ipybox._serverasks import ClientFeatures
 from ipybox._unixsocket import ServedSocket
 
 from ._channel import (
@@ -65,7 +66,7 @@ from ._lines import (
     OverBudget,
 )
 from ._request import parse_request
-from ._sessions import Sessions, Target, check_arguments
+from ._sessions import ElicitationAsker, Sessions, Target, check_arguments
 
 __all__ = ("HANGUP_WATCH_AFTER", "MAX_BUFFERED_BYTES", "MAX_CONNECTIONS", "BuiltinTool", "Gate", "ToolServer")
 
@@ -141,6 +142,9 @@ class ToolServer:
         on_finished: Told of the end of every call that was read (its error kind, None when the tool
             returned, ``"cancelled"`` when the kernel stopped waiting), after its reply was sent: the
             gate's `ToolCallFinished` event. Awaited, so keep it quick.
+        elicitation: Decides the questions a server asks during a call (`ApprovalGate.elicitation`);
+            None declines them.
+        features: Sampling and roots offered to the servers (`ClientFeatures`; default: none).
     """
 
     def __init__(
@@ -155,6 +159,8 @@ class ToolServer:
         listener: socket.socket | None = None,
         oauth: OAuth | None = None,
         on_finished: Callable[[ToolRequest, str | None], Awaitable[None]] | None = None,
+        elicitation: ElicitationAsker | None = None,
+        features: ClientFeatures | None = None,
     ) -> None:
         _check_token_strength(token)
         if call_timeout is not None and call_timeout <= 0:
@@ -165,7 +171,13 @@ class ToolServer:
             raise UsageError(f"max_connections must be at least 1, got {max_connections!r}")
         self._token = token.encode()
         self._gate = gate
-        self._sessions = Sessions(call_timeout=call_timeout, connect_timeout=connect_timeout, oauth=oauth or OAuth())
+        self._sessions = Sessions(
+            call_timeout=call_timeout,
+            connect_timeout=connect_timeout,
+            oauth=oauth or OAuth(),
+            elicitation=elicitation,
+            features=features,
+        )
         self._builtins: dict[tuple[str, str], _Builtin] = {}
         self._budget = Budget(MAX_BUFFERED_BYTES)
         self._max_reply_bytes = MAX_REPLY_BYTES

@@ -13,26 +13,43 @@ import logging
 import os
 import tempfile
 import types
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import anyio
 import anyio.abc
 from mcp import ClientSession
 from mcp import types as mcp_types
 
-from ipybox._approval import read_only_copy
+from ipybox._approval import ApprovalDecision, read_only_copy
 from ipybox._approvaltext import closest_key, forbidden_keys, quote
 from ipybox._exceptions import UsageError
 from ipybox._mcp import HttpServer, StdioServer, describe_server, http_refusals, open_session, parse_server_params
-from ipybox._oauth import OAuth, pausable_deadline
+from ipybox._oauth import OAuth, PausableDeadline, current_deadline, pausable_deadline
 from ipybox._schemacheck import value_problem
+from ipybox._serverasks import (
+    MAX_ASKS_PER_CALL,
+    MAX_MESSAGE_CHARS,
+    ClientFeatures,
+    answer_problem,
+    form_schema_problem,
+    url_problem,
+)
 
 from ._channel import ToolRequest, ToolResultReply
 from ._errors import ToolCallFailed, tool_errors
 
-__all__ = ("IDLE_PROBE_AFTER", "PROBE_TIMEOUT", "STDERR_TAIL_BYTES", "Sessions", "Target", "check_arguments")
+__all__ = (
+    "IDLE_PROBE_AFTER",
+    "PROBE_TIMEOUT",
+    "STDERR_TAIL_BYTES",
+    "ElicitationAsker",
+    "Sessions",
+    "Target",
+    "check_arguments",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +61,31 @@ PROBE_TIMEOUT = 2.0
 STDERR_TAIL_BYTES = 4096
 
 
+class ElicitationAsker(Protocol):
+    """Decides a server's question asked during ``call`` (`ApprovalGate.elicitation`)."""
+
+    def __call__(
+        self, call: ToolRequest, /, *, server: str, fields: Mapping[str, Any], refusal: str | None = None
+    ) -> Awaitable[ApprovalDecision]: ...
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """A call being made on a session, and how many questions its server asked during it."""
+
+    request: ToolRequest
+    deadline: PausableDeadline | None
+    """The call's timeout, which stands still while a person answers its server's question."""
+    asks: int = 0
+
+
 @dataclass(eq=False, kw_only=True)
 class _Session:
     """One live MCP session, owned by a task in the tool server's task group."""
 
     session: ClientSession
+    calls: dict[int, _InFlight]
+    """The calls being made on it, by the id of their request: what a server's question belongs to."""
     tools: dict[str, mcp_types.Tool]
     stderr: IO[str]
     last_used: float
@@ -110,12 +147,24 @@ class Sessions:
             authorizing an OAuth server); None for no limit.
         connect_timeout: Seconds to start or reach a server and list its tools.
         oauth: Tokens and authorization of OAuth servers, shared by all their sessions.
+        elicitation: Decides the questions servers ask during calls; None declines them all.
+        features: Sampling and roots offered to servers (ipybox._serverasks).
     """
 
-    def __init__(self, *, call_timeout: float | None, connect_timeout: float, oauth: OAuth) -> None:
+    def __init__(
+        self,
+        *,
+        call_timeout: float | None,
+        connect_timeout: float,
+        oauth: OAuth,
+        elicitation: ElicitationAsker | None = None,
+        features: ClientFeatures | None = None,
+    ) -> None:
         self.call_timeout = call_timeout
         self.connect_timeout = connect_timeout
         self.oauth = oauth
+        self.elicitation = elicitation
+        self.features = features or ClientFeatures()
         self.idle_probe_after = IDLE_PROBE_AFTER
         self.task_group: anyio.abc.TaskGroup | None = None
         """Owns the sessions; set by the tool server while it runs."""
@@ -253,14 +302,22 @@ class Sessions:
         """Open a session, hand it out through ``task_status``, keep it open until asked to close."""
         with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as stderr:
             live: _Session | None = None
+            calls: dict[int, _InFlight] = {}
             try:
                 with tool_errors(f"MCP server {entry.name!r} failed to start or connect"):
                     async with open_session(
-                        entry.name, entry.params, connect_timeout=self.connect_timeout, errlog=stderr, oauth=self.oauth
+                        entry.name,
+                        entry.params,
+                        connect_timeout=self.connect_timeout,
+                        errlog=stderr,
+                        oauth=self.oauth,
+                        callbacks=self._callbacks(entry, calls),
                     ) as session:
                         with anyio.fail_after(self.connect_timeout):
                             tools = await _list_all_tools(session)
-                        live = _Session(session=session, tools=tools, stderr=stderr, last_used=anyio.current_time())
+                        live = _Session(
+                            session=session, calls=calls, tools=tools, stderr=stderr, last_used=anyio.current_time()
+                        )
                         task_status.started(live)
                         await live.close_requested.wait()
             except ToolCallFailed as failed:  # top level of a background task: it must not end the tool server
@@ -287,7 +344,11 @@ class Sessions:
                 try:
                     # Not fail_after: the deadline stands still while a person authorizes (OAuth step-up).
                     with pausable_deadline(self.call_timeout) as deadline:
-                        result = await live.session.call_tool(tool, request.arguments)
+                        live.calls[id(request)] = _InFlight(request, current_deadline())
+                        try:
+                            result = await live.session.call_tool(tool, request.arguments)
+                        finally:
+                            del live.calls[id(request)]
                 except RuntimeError as exc:
                     # The client checks structured results against the tool's output schema.
                     raise ToolCallFailed(
@@ -340,6 +401,91 @@ class Sessions:
         if tail:
             message += f"\nits stderr ends with:\n{tail}"
         return ToolCallFailed("server_crashed", message, output=tail or None)
+
+    # -- what servers ask of the client (ipybox._serverasks) ---------------------------------------
+
+    def _callbacks(self, entry: _Entry, calls: dict[int, _InFlight]) -> dict[str, Any]:
+        """The session's answers to server requests: elicitation always (decided as a call is),
+        sampling always (declined without a handler, but advertised only with one), roots only
+        when configured."""
+
+        async def elicit(context: object, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+            return await self._elicit(entry, calls, params)
+
+        async def sample(context: object, params: mcp_types.CreateMessageRequestParams) -> Any:
+            return await self._sample(entry, params)
+
+        callbacks: dict[str, Any] = {"elicitation_callback": elicit, "sampling_callback": sample}
+        uris = self.features.root_uris
+        if uris:
+
+            async def list_roots(context: object) -> mcp_types.ListRootsResult:
+                return mcp_types.ListRootsResult(roots=[mcp_types.Root(uri=uri) for uri in uris])  # pyright: ignore[reportArgumentType]
+
+            callbacks["list_roots_callback"] = list_roots
+        callbacks["offers_sampling"] = self.features.sampling is not None
+        return callbacks
+
+    async def _elicit(
+        self, entry: _Entry, calls: dict[int, _InFlight], params: mcp_types.ElicitRequestParams
+    ) -> mcp_types.ElicitResult:
+        declined = mcp_types.ElicitResult(action="decline")
+        # Every call in flight here is the running code action's (the gate checks it again); with
+        # several, the question is shown as the first's, since MCP does not say which one asked.
+        call = next(iter(calls.values()), None)
+        if call is None or self.elicitation is None:
+            # Not during a call of kernel code: nobody's code action to decide it by.
+            logger.warning("declined a question MCP server %r asked outside any tool call", entry.name)
+            return declined
+        call.asks += 1
+        if call.asks > MAX_ASKS_PER_CALL:
+            logger.warning(
+                "declined question %d of MCP server %r during one call (at most %d are asked)",
+                call.asks,
+                entry.name,
+                MAX_ASKS_PER_CALL,
+            )
+            return declined
+        url = isinstance(params, mcp_types.ElicitRequestURLParams)
+        fields: dict[str, Any] = {"mode": "url" if url else "form", "message": params.message}
+        if isinstance(params, mcp_types.ElicitRequestURLParams):
+            fields["url"] = params.url
+            problem = url_problem(params.url)
+        else:
+            fields["requested_schema"] = params.requested_schema
+            problem = form_schema_problem(params.requested_schema)
+        if len(params.message) > MAX_MESSAGE_CHARS:
+            problem = f"its message is {len(params.message):,} characters long (at most {MAX_MESSAGE_CHARS:,})"
+            fields["message"] = params.message[:MAX_MESSAGE_CHARS]  # the hook gets no more than is allowed
+        refusal = None if problem is None else f"ipybox declined the server's question unasked: {problem}"
+        with call.deadline.paused() if call.deadline is not None else nullcontext():
+            decision = await self.elicitation(call.request, server=entry.description, fields=fields, refusal=refusal)
+        if not decision.approved or decision.content is None:
+            return declined
+        if isinstance(params, mcp_types.ElicitRequestURLParams):
+            return mcp_types.ElicitResult(action="accept")
+        content = dict(decision.content)
+        if answer_problem(params.requested_schema, content) is not None:
+            return declined  # the gate checked it already; a gate of the application's may not have
+        return mcp_types.ElicitResult(action="accept", content=content)
+
+    async def _sample(self, entry: _Entry, params: mcp_types.CreateMessageRequestParams) -> Any:
+        handler = self.features.sampling
+        if handler is None:
+            return mcp_types.ErrorData(
+                code=mcp_types.INVALID_REQUEST,
+                message=(
+                    "ipybox declines sampling: the application running this client has not opted in (it gives "
+                    "a handler with ClientFeatures(sampling=...)); the code calling your tools cannot answer it"
+                ),
+            )
+        try:
+            return await handler(entry.name, params)
+        except Exception as exc:  # the application's handler: any failure is a refusal
+            logger.exception("the sampling handler failed for MCP server %r", entry.name)
+            return mcp_types.ErrorData(
+                code=mcp_types.INTERNAL_ERROR, message=f"the client's sampling handler refused ({type(exc).__name__})"
+            )
 
 
 def _target(entry: _Entry, spec: mcp_types.Tool | None) -> Target:

@@ -7,6 +7,7 @@ ends), its registered servers and the approval of the tool calls its code makes.
 
 from __future__ import annotations
 
+import copy
 import logging
 import secrets
 import shutil
@@ -15,7 +16,7 @@ from collections.abc import AsyncGenerator, Generator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -35,6 +36,7 @@ from ipybox._localkernel import LocalKernel
 from ipybox._mcp import HttpServer, StdioServer
 from ipybox._policies import ApprovalChain
 from ipybox._pool import KernelPool
+from ipybox._serverasks import ElicitationRequest
 from ipybox.codegen._codegen import generate_mcp_sources
 from ipybox.network._request import NetworkRequest
 
@@ -253,6 +255,8 @@ class Session:
         """Ask the client's user about a request the rules left open (MCP elicitation)."""
         # The request's id is "<execution id>:<n>" (ApprovalRequest.id).
         ctx, code = self._asking.get(request.id.rsplit(":", 1)[0], (None, ""))
+        if isinstance(request, ElicitationRequest):
+            return await _forward_question(ctx, request)
         name = request.rule_name
         capabilities = ctx.client_capabilities if ctx is not None else None
         can_ask = ctx is not None and ctx.request_context.session.can_send_request
@@ -278,6 +282,39 @@ class Session:
             return ApprovalDecision(approved=True)
         how = "cancelled" if answer.action == "cancel" else "declined"
         return ApprovalDecision(approved=False, reason=f"the user {how} the call to {name}")
+
+
+async def _forward_question(ctx: Context | None, request: ElicitationRequest) -> ApprovalDecision:
+    """Ask this server's own client the question a registered server asked during a call, in the
+    same mode, when that client declares it can be asked so; decline otherwise. The client's
+    user reads ipybox's rendering (the server's text escaped, bounded and marked as the server's),
+    and its answer goes back through the same checks (ipybox._serverasks.settled)."""
+    declared = ctx.client_capabilities.elicitation if ctx is not None and ctx.client_capabilities else None
+    if ctx is None or declared is None or not ctx.request_context.session.can_send_request:
+        why = "this MCP client cannot be asked (no elicitation support)"
+        return ApprovalDecision(approved=False, reason=f"declined {request}: {why}")
+    # A client that declares elicitation without naming a mode supports form mode (2025-11-25).
+    form = declared.form is not None or declared.url is None
+    session = ctx.request_context.session
+    try:
+        if request.url is not None:
+            if declared.url is None:
+                return ApprovalDecision(approved=False, reason="this MCP client cannot be asked in URL mode")
+            answer = await session.elicit_url(
+                request.description, request.url, f"ipybox-{request.id}", related_request_id=ctx.request_id
+            )
+        else:
+            if not form:
+                return ApprovalDecision(approved=False, reason="this MCP client cannot be asked in form mode")
+            # A plain copy of the read-only schema (tuples for arrays, which JSON clients misread).
+            schema = cast("dict[str, Any]", copy.deepcopy(request.requested_schema or {}))
+            answer = await session.elicit_form(request.description, schema, related_request_id=ctx.request_id)
+    except (MCPError, ValueError, anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+        logger.warning("forwarding %s failed: %r", request, exc)
+        return ApprovalDecision(approved=False, reason=f"asking the user failed: {exc}")
+    if answer.action != "accept":
+        return ApprovalDecision(approved=False, reason=f"the user chose {answer.action}")
+    return ApprovalDecision(approved=True, content=dict(answer.content or {}))
 
 
 class _ApprovalForm(BaseModel):

@@ -16,13 +16,21 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx2
 
-from ipybox import CodeExecutionResult, CodeExecutor, generate_mcp_sources
+from ipybox import (
+    ApprovalDecision,
+    ApprovalRequest,
+    CodeExecutionResult,
+    CodeExecutor,
+    ElicitationRequest,
+    generate_mcp_sources,
+)
 from ipybox.oauth import AuthorizationRequest, FileTokenStore, OAuth
 
 # The arguments of the scenario tools this client calls; any other tool is called without.
@@ -69,6 +77,16 @@ def server_params(url: str, scenario: str, context: dict[str, Any]) -> dict[str,
     return {"url": url, "oauth": oauth}
 
 
+def approve(request: ApprovalRequest) -> ApprovalDecision:
+    """Every call runs; a server's form question is answered with the defaults its schema gives
+    (what the elicitation scenarios check), through ipybox's approval path."""
+    if isinstance(request, ElicitationRequest):
+        fields: Mapping[str, Mapping[str, Any]] = (request.requested_schema or {}).get("properties") or {}
+        content = {name: spec["default"] for name, spec in fields.items() if "default" in spec}
+        return ApprovalDecision(approved=True, content=content)
+    return ApprovalDecision(approved=True)
+
+
 async def main(url: str) -> None:
     scenario = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
     context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
@@ -85,7 +103,7 @@ async def main(url: str) -> None:
         module = modules[0]
         arguments = ARGUMENTS.get(module, {})
         code = f"from mcptools.conf import {module}\nprint({module}.run({arguments!r}))"
-        async with CodeExecutor(workspace=workspace, tools_dir="mcptools", approval="auto", oauth=oauth) as executor:
+        async with CodeExecutor(workspace=workspace, tools_dir="mcptools", approval=approve, oauth=oauth) as executor:
             result = None
             async for event in executor.execute(code):
                 if isinstance(event, CodeExecutionResult):

@@ -30,6 +30,7 @@ from ipybox._toolserver._channel import ToolRequest
 from ipybox._toolserver._server import ToolServer
 
 __all__ = (
+    "ASKING_SERVER_SCRIPT",
     "SERVER_SCRIPT",
     "Channel",
     "GateCall",
@@ -45,6 +46,8 @@ __all__ = (
 )
 
 SERVER_SCRIPT = Path(__file__).with_name("test_server.py")
+# A server whose tools elicit, sample and list roots during the call (ipybox._serverasks).
+ASKING_SERVER_SCRIPT = Path(__file__).with_name("asking_server.py")
 
 # A cold `import mcp` plus uvicorn's start on a loaded 2-core machine stays well below this.
 START_TIMEOUT = 30.0
@@ -71,10 +74,10 @@ def stdio_server(
 
 
 @contextmanager
-def http_server(transport: Literal["streamable-http", "sse"]) -> Generator[HttpServer]:
-    """Run the test server over streamable HTTP or SSE on 127.0.0.1; stop it afterwards."""
+def http_server(transport: Literal["streamable-http", "sse"], script: Path = SERVER_SCRIPT) -> Generator[HttpServer]:
+    """Run the test server (or ``script``) over streamable HTTP or SSE on 127.0.0.1; stop it afterwards."""
     process = subprocess.Popen(
-        [sys.executable, str(SERVER_SCRIPT), "--transport", transport],
+        [sys.executable, str(script), "--transport", transport],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
     )

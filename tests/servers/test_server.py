@@ -26,7 +26,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
-__all__ = ("build_server", "png_bytes")
+__all__ = ("build_server", "png_bytes", "serve", "serve_http")
 
 # Long enough for uvicorn to finish in-flight requests; the test fixture kills it after its own grace.
 HTTP_SHUTDOWN_GRACE = 2
@@ -200,11 +200,15 @@ def main() -> None:
     if options.started_file is not None:
         with options.started_file.open("a") as f:
             f.write(f"{os.getpid()}\n")
-    server = build_server()
-    if options.transport == "stdio":
+    serve(build_server(), options.transport)
+
+
+def serve(server: MCPServer, transport: str) -> None:
+    """Serve over stdio, or over HTTP as `serve_http` does."""
+    if transport == "stdio":
         server.run("stdio")
     else:
-        anyio.run(serve_http, server, options.transport)
+        anyio.run(serve_http, server, transport)
 
 
 if __name__ == "__main__":
