@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from ._toolevents import ToolCallFinished as ToolCallFinished
     from ._toolevents import ToolCallHook as ToolCallHook
     from ._toolevents import ToolCallRequested as ToolCallRequested
+    from ._tracing import Tracing as Tracing
     from .codegen._codegen import generate_mcp_sources as generate_mcp_sources
     from .codegen._search import CatalogueMode as CatalogueMode
     from .codegen._search import ToolMatch as ToolMatch
@@ -127,6 +128,7 @@ _LAZY = {
     "ToolCallHook": "._toolevents",
     "ToolCallRequested": "._toolevents",
     "ToolMatch": ".codegen._search",
+    "Tracing": "._tracing",
     "UsageError": "._exceptions",
     "catalogue_mode": ".codegen._search",
     "generate_mcp_sources": ".codegen._codegen",
@@ -192,6 +194,7 @@ __all__ = (
     "ToolCallHook",
     "ToolCallRequested",
     "ToolMatch",
+    "Tracing",
     "UsageError",
     "catalogue_mode",
     "generate_mcp_sources",

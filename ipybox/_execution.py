@@ -15,7 +15,7 @@ import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -25,6 +25,9 @@ from ._exceptions import ExecutionCancelled, ExecutionLost, IpyboxError
 from ._marks import ReceivedMarks
 from ._policies import Approval
 from ._results import CodeExecutionChunk, CodeExecutionResult
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ("UNANSWERED_WARNING_AFTER", "Execution", "ExecutionDriver", "ExecutionEvent", "open_execution")
 
@@ -271,6 +274,8 @@ class ExecutionDriver:
         self.execution = execution
         self.marks = ReceivedMarks()
         """The kernel's output marks read so far; the output collector adds them (ipybox._marks)."""
+        self.span: Span | None = None
+        """The execution's span while it runs (ipybox._tracing), the parent of its tool calls' spans."""
 
     def on_delivered(self, callback: Callable[[Execution], None]) -> None:
         """Call ``callback`` once, when the outcome has first been delivered to a consumer."""
@@ -279,6 +284,11 @@ class ExecutionDriver:
     @property
     def done(self) -> bool:
         return self._state.done.is_set()
+
+    @property
+    def outcome(self) -> tuple[CodeExecutionResult | None, IpyboxError | None]:
+        """The result or the error, once the execution has ended (both None before)."""
+        return self._state.result, self._state.error
 
     @contextmanager
     def cancel_scope(self) -> Generator[anyio.CancelScope]:

@@ -17,12 +17,12 @@ the earlier code action and the fix (SECURITY.md, "Attribution of requests").
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from time import perf_counter
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._approval import ApprovalDecision, ApprovalRequest
 from ._execution import ExecutionDriver
@@ -30,8 +30,12 @@ from ._kernel import KernelHandle
 from ._leftrunning import LeftRunning
 from ._policies import Approval, decide_by_policy, policy_name
 from ._toolevents import ToolCallDecided, ToolCallFinished, ToolCallHook, ToolCallRequested, notify
-from ._toolserver._channel import ToolRequest
+from ._toolserver._channel import ToolRequest, ToolResultReply
+from ._tracing import ActionTracer
 from .network._request import NetworkRequest, network_request_fields
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ("ApprovalGate",)
 
@@ -45,6 +49,17 @@ _STRAY_CALL = (
 )
 
 
+@dataclass(eq=False)
+class _OpenCall:
+    """A request reported as requested and not yet as finished."""
+
+    fields: dict[str, Any]
+    """What every event of it says (`_fields`)."""
+    began: float
+    span: Span | None
+    decided: float | None = None
+
+
 class ApprovalGate:
     """Decides the kernel's requests for the execution that runs now.
 
@@ -53,16 +68,28 @@ class ApprovalGate:
         timeout: Seconds an asked request waits for the application's answer (None: no limit).
         hook: Observes every request: requested, decided and, for tool calls, finished (`finished`
             is the `ToolServer`'s report). None costs nothing on a call's path.
+        tracer: Makes a span of every request, a child of its execution's span (`ExecutionDriver.span`).
+        transport_of: The transport of a server by name (``"stdio"``, ``"streamable-http"``, ...),
+            None when the host does not know the name; for the spans.
     """
 
-    def __init__(self, policy: Approval, timeout: float | None, hook: ToolCallHook | None = None) -> None:
+    def __init__(
+        self,
+        policy: Approval,
+        timeout: float | None,
+        hook: ToolCallHook | None = None,
+        *,
+        tracer: ActionTracer | None = None,
+        transport_of: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.policy: Approval = policy
         self._timeout = timeout
         self.hook = hook
-        # With a hook: the tool calls reported as requested and not yet as finished, by the
-        # ToolRequest the ToolServer holds until it reports them: their event fields, when they were
-        # requested and when decided.
-        self._open: dict[int, tuple[dict[str, Any], float, float | None]] = {}
+        self.tracer = tracer
+        self.transport_of = transport_of
+        # The tool calls reported as requested and not yet as finished, by the ToolRequest the
+        # ToolServer holds until it reports them.
+        self._open: dict[int, _OpenCall] = {}
         self._driver: ExecutionDriver | None = None
         # The kernel's id for the running execution, which its tool calls must carry.
         self._msg_id: str | None = None
@@ -153,14 +180,9 @@ class ApprovalGate:
         after_mark: int | None = None,
         call: ToolRequest | None = None,
     ) -> ApprovalDecision:
-        hook = self.hook
-        fields: dict[str, Any] = {}
-        began = 0.0
-        if hook is not None:
-            fields = _fields(driver, request.id, request.server_name, request.tool_name)
-            began = self._requested(call, fields)
-            requested = ToolCallRequested(**fields, arguments=request.tool_args, annotations=request.annotations)
-            await notify(hook, requested)
+        opened = await self._requested(
+            call, driver, request.id, request.server_name, request.tool_name, request.tool_args, request.annotations
+        )
         decision, decider = await decide_by_policy(self._policy_of(driver), request)
         if decision is not None and request.left_running is not None:
             # The same policy decided the earlier code's requests (else _origin_unknown refused this
@@ -171,54 +193,85 @@ class ApprovalGate:
             decision = await driver.ask(request, self._timeout, after_mark=after_mark)
         else:
             request.decide(decision)
-        if hook is not None:
-            policy = None if decider is None else policy_name(decider)
-            await self._decided(call, fields, began, decision, policy)
+        if opened is not None:
+            await self._decided(call, opened, decision, None if decider is None else policy_name(decider))
         return decision
 
     async def _refused(
         self, call: ToolRequest, driver: ExecutionDriver | None, decision: ApprovalDecision
     ) -> ApprovalDecision:
         """``decision``, a refusal of ``call`` before it became a request, reported to the hook."""
-        if self.hook is not None:
-            fields = _fields(driver, None, call.server, call.tool)
-            began = self._requested(call, fields)
-            # The kernel's dict: read-only for the hook, though the refused call never runs with it.
-            await notify(self.hook, ToolCallRequested(**fields, arguments=MappingProxyType(call.arguments)))
-            await self._decided(call, fields, began, decision, None)
+        # The kernel's dict: read-only for the hook, though the refused call never runs with it.
+        opened = await self._requested(call, driver, None, call.server, call.tool, MappingProxyType(call.arguments))
+        if opened is not None:
+            await self._decided(call, opened, decision, None)
         return decision
 
-    def _requested(self, call: ToolRequest | None, fields: dict[str, Any]) -> float:
-        began = perf_counter()
-        if call is not None:
-            self._open[id(call)] = (fields, began, None)
-        return began
-
-    async def _decided(
+    async def _requested(
         self,
         call: ToolRequest | None,
-        fields: dict[str, Any],
-        began: float,
-        decision: ApprovalDecision,
-        policy: str | None,
-    ) -> None:
-        assert self.hook is not None
-        decided = perf_counter()
-        if call is not None and id(call) in self._open:
-            self._open[id(call)] = (fields, began, decided)
-        # A copy: the ToolServer reads the gate's own decision after the hook has run, so not even a hook
-        # that writes past the frozen dataclass can change what is done.
-        event = ToolCallDecided(**fields, decision=replace(decision), policy=policy, waited=decided - began)
-        await notify(self.hook, event)
+        driver: ExecutionDriver | None,
+        call_id: str | None,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        annotations: Mapping[str, Any] | None = None,
+    ) -> _OpenCall | None:
+        """Report a request to the hook and start its span; None when neither is wanted."""
+        hook, tracer = self.hook, self.tracer
+        # The span's parent is the running execution's, the host's own record: a call with a stale or
+        # forged execution id (driver None) still belongs to the code action that runs.
+        running = driver or self._driver
+        parent = None if running is None else running.span
+        if tracer is None or not tracer.traces_under(parent):
+            tracer = None
+            if hook is None:
+                return None
+        fields = _fields(driver, call_id, server, tool)
+        span = None
+        if tracer is not None:
+            span = tracer.start_tool(
+                parent,
+                call_id=call_id,
+                server=server,
+                tool=tool,
+                transport=None if self.transport_of is None else self.transport_of(server),
+                arguments=arguments,
+                stray=driver is None,
+            )
+        opened = _OpenCall(fields, perf_counter(), span)
+        if call is not None:
+            self._open[id(call)] = opened
+        if hook is not None:
+            await notify(hook, ToolCallRequested(**fields, arguments=arguments, annotations=annotations))
+        return opened
 
-    async def finished(self, call: ToolRequest, error: str | None) -> None:
+    async def _decided(
+        self, call: ToolRequest | None, opened: _OpenCall, decision: ApprovalDecision, policy: str | None
+    ) -> None:
+        opened.decided = decided = perf_counter()
+        waited = decided - opened.began
+        if opened.span is not None:
+            ActionTracer.decided(opened.span, decision, policy, waited)
+            if call is None and self.tracer is not None:  # a connection: its span ends with its decision
+                self.tracer.finished(opened.span, None if decision.approved else "rejected", 0.0)
+        if self.hook is not None:
+            # A copy: the ToolServer reads the gate's own decision after the hook has run, so not even a
+            # hook that writes past the frozen dataclass can change what is done.
+            event = ToolCallDecided(**opened.fields, decision=replace(decision), policy=policy, waited=waited)
+            await notify(self.hook, event)
+
+    async def finished(self, call: ToolRequest, error: str | None, result: ToolResultReply | None = None) -> None:
         """The `ToolServer`'s report that ``call`` ended (``error``: None or its error kind)."""
         opened = self._open.pop(id(call), None)
-        if opened is None or self.hook is None:
+        if opened is None:
             return  # refused before the gate was asked: nothing was reported of it
-        fields, began, decided = opened
-        duration = perf_counter() - (began if decided is None else decided)
-        await notify(self.hook, ToolCallFinished(**fields, error=error, duration=duration))
+        duration = perf_counter() - (opened.began if opened.decided is None else opened.decided)
+        if opened.span is not None and self.tracer is not None:
+            outcome = None if result is None else result.structured if result.structured is not None else result.text
+            self.tracer.finished(opened.span, error, duration, outcome)
+        if self.hook is not None:
+            await notify(self.hook, ToolCallFinished(**opened.fields, error=error, duration=duration))
 
     def _policy_of(self, driver: ExecutionDriver) -> Approval:
         own = driver.execution.policy

@@ -139,8 +139,9 @@ class ToolServer:
         oauth: Tokens and authorization for servers with ``oauth`` parameters (one per server,
             shared by its sessions); default: the default token store, no person to ask.
         on_finished: Told of the end of every call that was read (its error kind, None when the tool
-            returned, ``"cancelled"`` when the kernel stopped waiting), after its reply was sent: the
-            gate's `ToolCallFinished` event. Awaited, so keep it quick.
+            returned, ``"cancelled"`` when the kernel stopped waiting; and the tool's result when it
+            returned), after its reply was sent: the gate's `ToolCallFinished` event and the end of
+            the call's span. Awaited, so keep it quick.
     """
 
     def __init__(
@@ -154,7 +155,7 @@ class ToolServer:
         max_connections: int = MAX_CONNECTIONS,
         listener: socket.socket | None = None,
         oauth: OAuth | None = None,
-        on_finished: Callable[[ToolRequest, str | None], Awaitable[None]] | None = None,
+        on_finished: Callable[[ToolRequest, str | None, ToolResultReply | None], Awaitable[None]] | None = None,
     ) -> None:
         _check_token_strength(token)
         if call_timeout is not None and call_timeout <= 0:
@@ -365,7 +366,8 @@ class ToolServer:
                 error = "cancelled" if reply is None or flight.hung_up else None
                 if isinstance(reply, ToolErrorReply) and not flight.hung_up:
                     error = reply.error
-                await self._on_finished(request, error)
+                result = reply if isinstance(reply, ToolResultReply) and error is None else None
+                await self._on_finished(request, error, result)
 
     def _encode(self, request: ToolRequest, reply: ToolResultReply | ToolErrorReply) -> bytes:
         """The reply's line, or an error line when it cannot be sent (too large, not encodable)."""
