@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from ._approval import ApprovalDecision as ApprovalDecision
     from ._approval import ApprovalRequest as ApprovalRequest
     from ._approval import ApprovalRules as ApprovalRules
+    from ._callsite import CallSite as CallSite
     from ._config import KernelSettings as KernelSettings
     from ._config import Limits as Limits
     from ._config import SandboxConfig as SandboxConfig
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from ._policies import ApprovalChain as ApprovalChain
     from ._policies import ApprovalPolicy as ApprovalPolicy
     from ._pool import KernelPool as KernelPool
+    from ._results import ActionAccount as ActionAccount
     from ._results import CodeExecutionChunk as CodeExecutionChunk
     from ._results import CodeExecutionResult as CodeExecutionResult
     from ._results import Image as Image
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
 # with warm caches), which `ipybox --version`, `ipybox stubs` or an application that only names a type
 # should not pay for. A name's module is imported on first access (PEP 562).
 _LAZY = {
+    "ActionAccount": "._results",
     "Approval": "._policies",
     "ApprovalCallback": "._approval",
     "ApprovalChain": "._policies",
@@ -84,6 +87,7 @@ _LAZY = {
     "ApprovalPolicy": "._policies",
     "ApprovalRequest": "._approval",
     "ApprovalRules": "._approval",
+    "CallSite": "._callsite",
     "CatalogueMode": ".codegen._search",
     "CodeExecutionChunk": "._results",
     "CodeExecutionError": "._exceptions",
@@ -143,6 +147,7 @@ _LAZY = {
 }
 
 __all__ = (
+    "ActionAccount",
     "Approval",
     "ApprovalCallback",
     "ApprovalChain",
@@ -150,6 +155,7 @@ __all__ = (
     "ApprovalPolicy",
     "ApprovalRequest",
     "ApprovalRules",
+    "CallSite",
     "CatalogueMode",
     "CodeExecutionChunk",
     "CodeExecutionError",

@@ -185,7 +185,13 @@ class CodeExecutor:
         self._side = KernelSide(source=self.kernel, settings=settings, start_timeout=self.timeouts.start)
         self._tracer = ActionTracer(tracing or Tracing())
         self._gate = ApprovalGate(
-            approval, self.timeouts.approval, on_tool_call, tracer=self._tracer, transport_of=self._transport_of
+            approval,
+            self.timeouts.approval,
+            on_tool_call,
+            tracer=self._tracer,
+            transport_of=self._transport_of,
+            max_tool_calls=self.limits.tool_calls,
+            max_approval_wait=self.limits.approval_wait,
         )
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
@@ -414,7 +420,7 @@ class CodeExecutor:
             if not driver.done:
                 driver.fail(ExecutionCancelled("the execution was cancelled"))
         finally:
-            ActionTracer.end_action(driver.span, *driver.outcome)
+            ActionTracer.end_action(driver.span, *driver.outcome, driver.account.snapshot())
 
     def _transport_of(self, server: str) -> str | None:
         """How the host reaches the server registered as ``server`` (for spans)."""

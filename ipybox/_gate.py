@@ -25,12 +25,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ._approval import ApprovalDecision, ApprovalRequest
-from ._execution import ExecutionDriver
+from ._callsite import CallSite, call_site_of
+from ._execution import ExecutionDriver, Tally
 from ._kernel import KernelHandle
 from ._leftrunning import LeftRunning
 from ._policies import Approval, decide_by_policy, policy_name
 from ._toolevents import ToolCallDecided, ToolCallFinished, ToolCallHook, ToolCallRequested, notify
 from ._toolserver._channel import ToolRequest, ToolResultReply
+from ._toolserver._errors import ToolCallFailed
 from ._tracing import ActionTracer
 from .network._request import NetworkRequest, network_request_fields
 
@@ -57,6 +59,8 @@ class _OpenCall:
     """What every event of it says (`_fields`)."""
     began: float
     span: Span | None
+    account: Tally | None
+    """Its code action's count, for a tool call of the running execution."""
     decided: float | None = None
 
 
@@ -71,6 +75,9 @@ class ApprovalGate:
         tracer: Makes a span of every request, a child of its execution's span (`ExecutionDriver.span`).
         transport_of: The transport of a server by name (``"stdio"``, ``"streamable-http"``, ...),
             None when the host does not know the name; for the spans.
+        max_tool_calls: Tool calls one execution may make (`Limits.tool_calls`).
+        max_approval_wait: Seconds one execution's tool calls may wait for approval in all
+            (`Limits.approval_wait`).
     """
 
     def __init__(
@@ -81,12 +88,16 @@ class ApprovalGate:
         *,
         tracer: ActionTracer | None = None,
         transport_of: Callable[[str], str | None] | None = None,
+        max_tool_calls: int | None = None,
+        max_approval_wait: float | None = None,
     ) -> None:
         self.policy: Approval = policy
         self._timeout = timeout
         self.hook = hook
         self.tracer = tracer
         self.transport_of = transport_of
+        self._max_tool_calls = max_tool_calls
+        self._max_approval_wait = max_approval_wait
         # The tool calls reported as requested and not yet as finished, by the ToolRequest the
         # ToolServer holds until it reports them.
         self._open: dict[int, _OpenCall] = {}
@@ -147,6 +158,11 @@ class ApprovalGate:
         unknown = self._origin_unknown(driver, f"tool call {call.server}.{call.tool}")
         if unknown is not None:
             return await self._refused(call, driver, unknown)
+        over = self._over_budget(driver.account)
+        if over is not None:
+            # Not a decision anyone made: the call fails as over budget, not as rejected.
+            await self._refused(call, driver, ApprovalDecision(approved=False, reason=over, by="ipybox"))
+            raise ToolCallFailed("over_budget", f"the tool call {call.server}.{call.tool} was not made: {over}")
         request = driver.new_request(
             server_name=call.server,
             tool_name=call.tool,
@@ -154,6 +170,7 @@ class ApprovalGate:
             server=server,
             annotations=annotations,
             input_schema=input_schema,
+            call_site=call_site_of(driver.execution.code, call.line, call.module),
             left_running=self._left_running,
         )
         return await self._decide(driver, request, after_mark=call.mark, call=call)
@@ -181,7 +198,14 @@ class ApprovalGate:
         call: ToolRequest | None = None,
     ) -> ApprovalDecision:
         opened = await self._requested(
-            call, driver, request.id, request.server_name, request.tool_name, request.tool_args, request.annotations
+            call,
+            driver,
+            request.id,
+            request.server_name,
+            request.tool_name,
+            request.tool_args,
+            request.annotations,
+            request.call_site,
         )
         decision, decider = await decide_by_policy(self._policy_of(driver), request)
         if decision is not None and request.left_running is not None:
@@ -189,8 +213,13 @@ class ApprovalGate:
             # one): it decides this one as it would have decided that code's. Logged, since no one saw it.
             logger.info("%s decided by policy (approved=%s) while %s", request, decision.approved, request.left_running)
         if decision is None:
+            limit = self._timeout
+            if call is not None and self._max_approval_wait is not None:
+                # What is left of the execution's approval budget (some is, or the call was refused).
+                left = self._max_approval_wait - driver.account.approval_wait
+                limit = left if limit is None else min(limit, left)
             # Shown to the application: after what the code printed before the call (ipybox._marks).
-            decision = await driver.ask(request, self._timeout, after_mark=after_mark)
+            decision = await driver.ask(request, limit, after_mark=after_mark)
         else:
             request.decide(decision)
         if opened is not None:
@@ -216,6 +245,7 @@ class ApprovalGate:
         tool: str,
         arguments: Mapping[str, Any],
         annotations: Mapping[str, Any] | None = None,
+        call_site: CallSite | None = None,
     ) -> _OpenCall | None:
         """Report a request to the hook and start its span; None when neither is wanted."""
         hook, tracer = self.hook, self.tracer
@@ -223,9 +253,10 @@ class ApprovalGate:
         # forged execution id (driver None) still belongs to the code action that runs.
         running = driver or self._driver
         parent = None if running is None else running.span
+        account = driver.account if driver is not None and call is not None else None
         if tracer is None or not tracer.traces_under(parent):
             tracer = None
-            if hook is None:
+            if hook is None and account is None:
                 return None
         fields = _fields(driver, call_id, server, tool)
         span = None
@@ -238,8 +269,11 @@ class ApprovalGate:
                 transport=None if self.transport_of is None else self.transport_of(server),
                 arguments=arguments,
                 stray=driver is None,
+                call_site=call_site,
             )
-        opened = _OpenCall(fields, perf_counter(), span)
+        opened = _OpenCall(fields, perf_counter(), span, account)
+        if account is not None:
+            account.tool_calls += 1
         if call is not None:
             self._open[id(call)] = opened
         if hook is not None:
@@ -251,6 +285,13 @@ class ApprovalGate:
     ) -> None:
         opened.decided = decided = perf_counter()
         waited = decided - opened.began
+        account = opened.account
+        if account is not None:
+            account.approval_wait += waited
+            if decision.approved:
+                account.approved += 1
+            else:
+                account.rejected += 1
         if opened.span is not None:
             ActionTracer.decided(opened.span, decision, policy, waited)
             if call is None and self.tracer is not None:  # a connection: its span ends with its decision
@@ -267,11 +308,25 @@ class ApprovalGate:
         if opened is None:
             return  # refused before the gate was asked: nothing was reported of it
         duration = perf_counter() - (opened.began if opened.decided is None else opened.decided)
+        if opened.account is not None:
+            opened.account.tool_time += duration
         if opened.span is not None and self.tracer is not None:
             outcome = None if result is None else result.structured if result.structured is not None else result.text
             self.tracer.finished(opened.span, error, duration, outcome)
         if self.hook is not None:
             await notify(self.hook, ToolCallFinished(**opened.fields, error=error, duration=duration))
+
+    def _over_budget(self, account: Tally) -> str | None:
+        """Why the running execution may make no more tool calls, or None."""
+        calls, wait = self._max_tool_calls, self._max_approval_wait
+        if calls is not None and account.tool_calls >= calls:
+            return f"this code action has made {account.tool_calls} tool calls, its limit (Limits.tool_calls={calls})"
+        if wait is not None and account.approval_wait >= wait:
+            return (
+                f"this code action's tool calls have waited {account.approval_wait:.1f} s for approval, its "
+                f"limit (Limits.approval_wait={wait})"
+            )
+        return None
 
     def _policy_of(self, driver: ExecutionDriver) -> Approval:
         own = driver.execution.policy

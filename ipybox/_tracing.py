@@ -29,8 +29,9 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, Trac
 
 if TYPE_CHECKING:
     from ._approval import ApprovalDecision
+    from ._callsite import CallSite
     from ._exceptions import IpyboxError
-    from ._results import CodeExecutionResult
+    from ._results import ActionAccount, CodeExecutionResult
 
 __all__ = ("ACTION_SPAN", "MAX_ATTRIBUTE_CHARS", "MAX_VALUE_CHARS", "ActionTracer", "Tracing")
 
@@ -99,8 +100,19 @@ class ActionTracer:
         return self._tracer.start_span(ACTION_SPAN, context=parent, kind=SpanKind.INTERNAL, attributes=attributes)
 
     @staticmethod
-    def end_action(span: Span, result: CodeExecutionResult | None, error: IpyboxError | None) -> None:
-        """Record the outcome of a code action and end its span."""
+    def end_action(
+        span: Span, result: CodeExecutionResult | None, error: IpyboxError | None, account: ActionAccount
+    ) -> None:
+        """Record the outcome of a code action and what its tool calls came to, and end its span."""
+        span.set_attributes(
+            {
+                "ipybox.tool_calls": account.tool_calls,
+                "ipybox.tool_calls.approved": account.approved,
+                "ipybox.tool_calls.rejected": account.rejected,
+                "ipybox.approval.wait_total": account.approval_wait,
+                "ipybox.tool.time_total": account.tool_time,
+            }
+        )
         if result is not None:
             span.set_attribute("ipybox.execution.outcome", "ok")
             span.set_attribute("ipybox.output.chars", len(result.text))
@@ -137,6 +149,7 @@ class ActionTracer:
         transport: str | None,
         arguments: Mapping[str, Any],
         stray: bool,
+        call_site: CallSite | None = None,
     ) -> Span:
         """The span of one tool call (or asked connection), a child of its code action's span.
 
@@ -154,8 +167,16 @@ class ActionTracer:
             attributes["ipybox.mcp.transport"] = transport
         if stray:
             attributes["ipybox.tool.call.stray"] = True
+        if call_site is not None:
+            if call_site.line is not None:
+                attributes["code.line.number"] = call_site.line
+            if call_site.module is not None:
+                attributes["ipybox.call_site.module"] = _bounded(call_site.module)
         if self.values:
             attributes["gen_ai.tool.call.arguments"] = _json(arguments)
+            # The line's text may hold argument values too.
+            if call_site is not None and call_site.text is not None:
+                attributes["ipybox.call_site.text"] = _bounded(call_site.text)
         # An explicit parent, never the current context: the call runs on the ToolServer's task.
         context = otel_context.Context() if parent is None else trace.set_span_in_context(parent)
         name = f"execute_tool {_bounded(tool, 256)}"

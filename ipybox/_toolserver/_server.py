@@ -411,6 +411,8 @@ class ToolServer:
             decision = await self._gate(
                 request, server=target.server, annotations=target.annotations, input_schema=target.input_schema
             )
+        except ToolCallFailed:  # the gate's own refusal with its kind (over_budget)
+            raise
         except Exception as exc:  # the gate is application code; whatever it raises, the call is not made
             logger.exception("the approval gate failed for %s/%s", name, tool)
             raise ToolCallFailed(
