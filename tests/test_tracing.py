@@ -105,6 +105,11 @@ async def test_a_code_action_is_a_span_with_a_child_span_per_tool_call(
         "ipybox.execution.outcome": "ok",
         "ipybox.output.chars": len(result.text),
         "ipybox.output.truncated_chars": 0,
+        "ipybox.tool_calls": 4,
+        "ipybox.tool_calls.approved": 3,
+        "ipybox.tool_calls.rejected": 1,
+        "ipybox.approval.wait_total": result.account.approval_wait,
+        "ipybox.tool.time_total": result.account.tool_time,
     }
     calls = tool_spans(exporter)
     assert list(calls) == ["add", "greet", "delete_item", "fail"]
