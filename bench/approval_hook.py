@@ -1,10 +1,12 @@
 """The host's approval path per tool call, in process (no kernel, no MCP server): the gate deciding one
-call under a policy, without a tool-call hook, with a sync hook and with an async one.
+call under a policy, without a tool-call hook, with a sync hook and with an async one; and with
+OpenTelemetry spans: none, the API's no-op (no SDK configured: every executor's default), and the
+SDK recording to a batch processor whose exporter drops the spans.
 
     uv run --frozen python bench/approval_hook.py [--calls N]
 
-What it times is `ApprovalGate.tool` (the request, the policy, the decision) plus, with a hook, the
-`ToolServer`'s `finished` report: the part of a call's host-side cost that policies and the hook
+What it times is `ApprovalGate.tool` (the request, the policy, the decision) plus the `ToolServer`'s
+`finished` report: the part of a call's host-side cost that policies and the hook
 add. Prints the median of 5 rounds in microseconds per call.
 """
 
@@ -13,27 +15,33 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Sequence
 from typing import cast
 
 import anyio
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from ipybox import ApprovalChain, ApprovalRules, ToolCallEvent
+from ipybox import ApprovalChain, ApprovalRules, ToolCallEvent, Tracing
 from ipybox._execution import open_execution
 from ipybox._gate import ApprovalGate
 from ipybox._kernel import KernelHandle
 from ipybox._policies import Approval
 from ipybox._toolevents import ToolCallHook
 from ipybox._toolserver._channel import ToolRequest
+from ipybox._tracing import ActionTracer
 
 __all__ = ("main",)
 
 ROUNDS = 5
 
 
-async def per_call(policy: Approval, hook: ToolCallHook | None, calls: int) -> float:
-    """Microseconds per call through the gate (and its finished report when there is a hook)."""
-    gate = ApprovalGate(policy, None, hook)
+async def per_call(policy: Approval, hook: ToolCallHook | None, calls: int, tracer: ActionTracer | None) -> float:
+    """Microseconds per call through the gate and its finished report."""
+    gate = ApprovalGate(policy, None, hook, tracer=tracer)
     execution, driver = open_execution("pass", key=None, timeout=None)
+    if tracer is not None:
+        driver.span = tracer.start_action(execution_id=execution.id, key=None, code="pass", parent=None)
     msg_id = "bench-msg"
     request = ToolRequest(token="t" * 16, seq=1, execution=msg_id, server="bench", tool="add", arguments={"a": 1})
     async with gate.running(driver, msg_id, kernel=cast("KernelHandle", _Unobserved())):
@@ -41,11 +49,25 @@ async def per_call(policy: Approval, hook: ToolCallHook | None, calls: int) -> f
         for _ in range(calls):
             decision = await gate.tool(request, server="bench-server", annotations=None, input_schema=None)
             assert decision.approved
-            if hook is not None:
-                await gate.finished(request, None)
+            await gate.finished(request, None)
         cost = (time.perf_counter() - began) / calls * 1e6
     execution.cancel()
+    if driver.span is not None:
+        driver.span.end()
     return cost
+
+
+class _Dropped(SpanExporter):
+    """An exporter that drops what it gets: the cost measured is ipybox's and the SDK's, not a backend's."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
+def _recording() -> ActionTracer:
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(_Dropped()))
+    return ActionTracer(Tracing(tracer_provider=provider))
 
 
 class _Unobserved:
@@ -70,22 +92,25 @@ _seen: list[ToolCallEvent] = []
 async def run(calls: int) -> None:
     rules = ApprovalRules(allow=["bench.*"])
     chain = ApprovalChain(ApprovalRules(deny=["other.*"]), rules)
-    rows: list[tuple[str, Approval, ToolCallHook | None]] = [
-        ('"auto", no hook', "auto", None),
-        ("ApprovalRules, no hook", rules, None),
-        ("ApprovalChain(rules, rules), no hook", chain, None),
-        ('"auto", sync hook', "auto", _count),
-        ('"auto", async hook', "auto", _count_async),
-        ("ApprovalChain, sync hook", chain, _count),
+    off, on = ActionTracer(Tracing()), _recording()
+    rows: list[tuple[str, Approval, ToolCallHook | None, ActionTracer | None]] = [
+        ('"auto", no hook, no spans', "auto", None, None),
+        ('"auto", no hook, spans off (no SDK)', "auto", None, off),
+        ('"auto", no hook, spans on (SDK, batch)', "auto", None, on),
+        ("ApprovalRules, no hook, spans off", rules, None, off),
+        ("ApprovalChain(rules, rules), spans off", chain, None, off),
+        ('"auto", sync hook, spans off', "auto", _count, off),
+        ('"auto", async hook, spans off', "auto", _count_async, off),
+        ("ApprovalChain, sync hook, spans on", chain, _count, on),
     ]
     # Rounds take turns over the rows, so that a busy spell of the machine falls on all of them.
-    costs: dict[str, list[float]] = {label: [] for label, _, _ in rows}
+    costs: dict[str, list[float]] = {label: [] for label, _, _, _ in rows}
     for _ in range(ROUNDS):
-        for label, policy, hook in rows:
+        for label, policy, hook, tracer in rows:
             _seen.clear()
-            costs[label].append(await per_call(policy, hook, calls))
+            costs[label].append(await per_call(policy, hook, calls, tracer))
     for label, values in costs.items():
-        print(f"{label:40s} {statistics.median(values):7.2f} µs/call (min {min(values):.2f})")
+        print(f"{label:42s} {statistics.median(values):7.2f} µs/call (min {min(values):.2f})")
 
 
 def main() -> None:

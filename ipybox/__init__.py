@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from ._approval import ApprovalDecision as ApprovalDecision
     from ._approval import ApprovalRequest as ApprovalRequest
     from ._approval import ApprovalRules as ApprovalRules
+    from ._callsite import CallSite as CallSite
     from ._config import KernelSettings as KernelSettings
     from ._config import Limits as Limits
     from ._config import SandboxConfig as SandboxConfig
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from ._policies import ApprovalChain as ApprovalChain
     from ._policies import ApprovalPolicy as ApprovalPolicy
     from ._pool import KernelPool as KernelPool
+    from ._results import ActionAccount as ActionAccount
     from ._results import CodeExecutionChunk as CodeExecutionChunk
     from ._results import CodeExecutionResult as CodeExecutionResult
     from ._results import Image as Image
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from ._toolevents import ToolCallFinished as ToolCallFinished
     from ._toolevents import ToolCallHook as ToolCallHook
     from ._toolevents import ToolCallRequested as ToolCallRequested
+    from ._tracing import Tracing as Tracing
     from .codegen._codegen import generate_mcp_sources as generate_mcp_sources
     from .codegen._search import CatalogueMode as CatalogueMode
     from .codegen._search import ToolMatch as ToolMatch
@@ -78,6 +81,7 @@ if TYPE_CHECKING:
 # with warm caches), which `ipybox --version`, `ipybox stubs` or an application that only names a type
 # should not pay for. A name's module is imported on first access (PEP 562).
 _LAZY = {
+    "ActionAccount": "._results",
     "Approval": "._policies",
     "ApprovalCallback": "._approval",
     "ApprovalChain": "._policies",
@@ -85,6 +89,7 @@ _LAZY = {
     "ApprovalPolicy": "._policies",
     "ApprovalRequest": "._approval",
     "ApprovalRules": "._approval",
+    "CallSite": "._callsite",
     "CatalogueMode": ".codegen._search",
     "ClientFeatures": "._serverasks",
     "CodeExecutionChunk": "._results",
@@ -131,6 +136,7 @@ _LAZY = {
     "ToolCallHook": "._toolevents",
     "ToolCallRequested": "._toolevents",
     "ToolMatch": ".codegen._search",
+    "Tracing": "._tracing",
     "UsageError": "._exceptions",
     "catalogue_mode": ".codegen._search",
     "generate_mcp_sources": ".codegen._codegen",
@@ -145,6 +151,7 @@ _LAZY = {
 }
 
 __all__ = (
+    "ActionAccount",
     "Approval",
     "ApprovalCallback",
     "ApprovalChain",
@@ -152,6 +159,7 @@ __all__ = (
     "ApprovalPolicy",
     "ApprovalRequest",
     "ApprovalRules",
+    "CallSite",
     "CatalogueMode",
     "ClientFeatures",
     "CodeExecutionChunk",
@@ -198,6 +206,7 @@ __all__ = (
     "ToolCallHook",
     "ToolCallRequested",
     "ToolMatch",
+    "Tracing",
     "UsageError",
     "catalogue_mode",
     "generate_mcp_sources",

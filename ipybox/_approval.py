@@ -11,6 +11,7 @@ from typing import Any, Literal, NoReturn, TypeAlias, cast
 import anyio
 
 from ._approvaltext import request_text, safe_json, shown_name, undeclared_keys
+from ._callsite import CallSite
 from ._exceptions import UsageError
 from .network._policy import Entry, any_entry_allows, parse_entry
 
@@ -144,6 +145,10 @@ class ApprovalRequest:
     declare are in `undeclared_args`. None when the server has not been listed yet: ipybox starts
     a server only for an approved call, so the first call to one is asked about unchecked (and
     checked once the server is listed, before the call is made)."""
+    call_site: CallSite | None = None
+    """The line of the code action that made the call (the kernel's report of a line number, the
+    text from the host's copy of the code; see `CallSite`); None for a `NetworkRequest`.
+    `description` shows it under the headline."""
     left_running: str | None = None
     """The host's statement that code left running by an earlier code action (a thread or process it
     started) is alive in the kernel, so this request may come from that code and not from the

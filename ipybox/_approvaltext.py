@@ -152,6 +152,9 @@ def request_text(
     if request.left_running is not None:
         # Host-written, not kernel data: shown as it is, right under what will run.
         lines.append(f"{LEFT_RUNNING_WARNING} {request.left_running}")
+    if request.call_site is not None:
+        # The host's rendering: the line's text from its own copy of the code, escaped (ipybox._callsite).
+        lines.append(f"Made at: {request.call_site}")
     hints = ", ".join(f"{shown_name(str(k))}={safe_json(v)}" for k, v in (request.annotations or {}).items())
     if hints:
         lines.append(f"Tool hints (from the MCP server, not guarantees): {hints}")

@@ -98,6 +98,13 @@ class Limits:
             memory, and count towards ``memory``).
         processes: Processes and threads the kernel may have at once (a fork bomb stops there).
             Enforced with a pids cgroup where the host has a writable pids controller; see SECURITY.md.
+        tool_calls: Tool calls one code action may make (refused ones count); further calls fail
+            in the kernel with ``ipybox_kernel.ToolCallBudgetExceeded``, without asking anyone.
+            None: no limit.
+        approval_wait: Seconds one code action's tool calls may wait for approval decisions in
+            all; a call asked about waits at most what is left, and once it is used up further
+            calls fail with ``ToolCallBudgetExceeded``. None: no limit (``Timeouts.approval``
+            still bounds each wait).
     """
 
     memory: int | None = 4 * 1024**3
@@ -106,6 +113,8 @@ class Limits:
     output_chars: int = 1_000_000
     tmp_bytes: int | None = 1024**3
     processes: int | None = 512
+    tool_calls: int | None = None
+    approval_wait: int | None = None
 
     def __post_init__(self) -> None:
         for item in fields(self):

@@ -14,8 +14,8 @@ import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -24,9 +24,12 @@ from ._events import wait_any
 from ._exceptions import ExecutionCancelled, ExecutionLost, IpyboxError
 from ._marks import ReceivedMarks
 from ._policies import Approval
-from ._results import CodeExecutionChunk, CodeExecutionResult
+from ._results import ActionAccount, CodeExecutionChunk, CodeExecutionResult
 
-__all__ = ("UNANSWERED_WARNING_AFTER", "Execution", "ExecutionDriver", "ExecutionEvent", "open_execution")
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+__all__ = ("UNANSWERED_WARNING_AFTER", "Execution", "ExecutionDriver", "ExecutionEvent", "Tally", "open_execution")
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +266,26 @@ class Execution:
             self.cancel()
 
 
+@dataclass(eq=False)
+class Tally:
+    """The running count behind an `ActionAccount`."""
+
+    tool_calls: int = 0
+    approved: int = 0
+    rejected: int = 0
+    approval_wait: float = 0.0
+    tool_time: float = 0.0
+
+    def snapshot(self) -> ActionAccount:
+        return ActionAccount(
+            tool_calls=self.tool_calls,
+            approved=self.approved,
+            rejected=self.rejected,
+            approval_wait=self.approval_wait,
+            tool_time=self.tool_time,
+        )
+
+
 class ExecutionDriver:
     """The engine's half of an `Execution`: it adds events, asks for approvals and ends it."""
 
@@ -271,6 +294,10 @@ class ExecutionDriver:
         self.execution = execution
         self.marks = ReceivedMarks()
         """The kernel's output marks read so far; the output collector adds them (ipybox._marks)."""
+        self.span: Span | None = None
+        """The execution's span while it runs (ipybox._tracing), the parent of its tool calls' spans."""
+        self.account = Tally()
+        """What its tool calls came to so far; the gate counts (`CodeExecutionResult.account`)."""
 
     def on_delivered(self, callback: Callable[[Execution], None]) -> None:
         """Call ``callback`` once, when the outcome has first been delivered to a consumer."""
@@ -279,6 +306,11 @@ class ExecutionDriver:
     @property
     def done(self) -> bool:
         return self._state.done.is_set()
+
+    @property
+    def outcome(self) -> tuple[CodeExecutionResult | None, IpyboxError | None]:
+        """The result or the error, once the execution has ended (both None before)."""
+        return self._state.result, self._state.error
 
     @contextmanager
     def cancel_scope(self) -> Generator[anyio.CancelScope]:
@@ -296,7 +328,7 @@ class ExecutionDriver:
         _add(self._state, event)
 
     def succeed(self, result: CodeExecutionResult) -> None:
-        _end(self._state, result=result)
+        _end(self._state, result=replace(result, account=self.account.snapshot()))
 
     def fail(self, error: IpyboxError) -> None:
         _end(self._state, error=error)

@@ -12,6 +12,7 @@ from typing import Literal, NoReturn, Self, cast
 
 import anyio
 import anyio.abc
+from opentelemetry import context as otel_context
 
 from ._config import (
     KernelSettings,
@@ -47,6 +48,7 @@ from ._supervisor import KernelSupervisor
 from ._tokenstore import FileTokenStore, refuse_token_dir_in
 from ._toolevents import ToolCallHook
 from ._toolserver._server import ToolServer
+from ._tracing import ActionTracer, Tracing
 from ._workspace import copy_file, write_file
 from .network._policy import Network
 from .network._proxy import NetworkProxy
@@ -140,6 +142,9 @@ class CodeExecutor:
         mcp_client: What ipybox's MCP client offers the servers beyond tool calls (`ClientFeatures`:
             a sampling handler, roots); default none. A question a server asks during a call
             (elicitation) needs nothing here: it is an `ElicitationRequest`, decided like a call.
+        tracing: Where the OpenTelemetry spans of code actions and their tool calls go, and whether
+            they hold argument values and results (`Tracing`; default: OpenTelemetry's global
+            tracer provider, a no-op until the application configures an SDK, and no values).
     """
 
     def __init__(
@@ -159,6 +164,7 @@ class CodeExecutor:
         oauth: OAuth | None = None,
         on_tool_call: ToolCallHook | None = None,
         mcp_client: ClientFeatures | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         check_kernel_settings(env, limits, timeouts)
         check_approval(approval)
@@ -182,7 +188,16 @@ class CodeExecutor:
         self.limits = settings.limits
         self.timeouts = timeouts or Timeouts()
         self._side = KernelSide(source=self.kernel, settings=settings, start_timeout=self.timeouts.start)
-        self._gate = ApprovalGate(approval, self.timeouts.approval, on_tool_call)
+        self._tracer = ActionTracer(tracing or Tracing())
+        self._gate = ApprovalGate(
+            approval,
+            self.timeouts.approval,
+            on_tool_call,
+            tracer=self._tracer,
+            transport_of=self._transport_of,
+            max_tool_calls=self.limits.tool_calls,
+            max_approval_wait=self.limits.approval_wait,
+        )
         self._stack: AsyncExitStack | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._lock = anyio.Lock()
@@ -228,7 +243,7 @@ class CodeExecutor:
             gate=self._gate.tool,
             call_timeout=self.timeouts.tool,
             oauth=self._oauth,
-            on_finished=self._gate.finished if self._gate.hook is not None else None,
+            on_finished=self._gate.finished,
             elicitation=self._gate.elicitation,
             features=self._client_features,
         )
@@ -386,7 +401,8 @@ class CodeExecutor:
         if key is not None:
             self._keyed.add(execution)
             driver.on_delivered(self._keyed.release)
-        tg.start_soon(self._drive, driver)
+        # The caller's context (a framework's tool span, say): the code action's span goes under it.
+        tg.start_soon(self._drive, driver, otel_context.get_current())
         return execution
 
     def attach(self, key: str) -> Execution:
@@ -397,17 +413,31 @@ class CodeExecutor:
         """
         return self._keyed.attach(key)
 
-    async def _drive(self, driver: ExecutionDriver) -> None:
-        with driver.cancel_scope():
-            async with self._lock:
-                try:
-                    kernel = await self._kernels.get()
-                except KernelStartError as exc:
-                    driver.fail(exc)
-                    return
-                await self._run(kernel, driver)
-        if not driver.done:
-            driver.fail(ExecutionCancelled("the execution was cancelled"))
+    async def _drive(self, driver: ExecutionDriver, parent: otel_context.Context) -> None:
+        execution = driver.execution
+        driver.span = self._tracer.start_action(
+            execution_id=execution.id, key=execution.key, code=execution.code, parent=parent
+        )
+        try:
+            with driver.cancel_scope():
+                async with self._lock:
+                    try:
+                        kernel = await self._kernels.get()
+                    except KernelStartError as exc:
+                        driver.fail(exc)
+                        return
+                    await self._run(kernel, driver)
+            if not driver.done:
+                driver.fail(ExecutionCancelled("the execution was cancelled"))
+        finally:
+            ActionTracer.end_action(driver.span, *driver.outcome, driver.account.snapshot())
+
+    def _transport_of(self, server: str) -> str | None:
+        """How the host reaches the server registered as ``server`` (for spans)."""
+        if server == BUILTIN_SERVER:
+            return "host"
+        params = None if self._tools is None else self._tools.servers.get(server)
+        return None if params is None else params.type
 
     async def _run(self, kernel: KernelHandle, driver: ExecutionDriver) -> None:
         msg_id = kernel.new_msg_id()

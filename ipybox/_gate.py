@@ -17,22 +17,28 @@ the earlier code action and the fix (SECURITY.md, "Attribution of requests").
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from time import perf_counter
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._approval import ApprovalDecision, ApprovalRequest
-from ._execution import ExecutionDriver
+from ._callsite import CallSite, call_site_of
+from ._execution import ExecutionDriver, Tally
 from ._kernel import KernelHandle
 from ._leftrunning import LeftRunning
 from ._policies import Approval, decide_by_policy, policy_name
 from ._serverasks import ELICIT_METHOD, ElicitationRequest, settled
 from ._toolevents import ToolCallDecided, ToolCallFinished, ToolCallHook, ToolCallRequested, notify
-from ._toolserver._channel import ToolRequest
+from ._toolserver._channel import ToolRequest, ToolResultReply
+from ._toolserver._errors import ToolCallFailed
+from ._tracing import ActionTracer
 from .network._request import NetworkRequest, network_request_fields
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = ("ApprovalGate",)
 
@@ -46,6 +52,19 @@ _STRAY_CALL = (
 )
 
 
+@dataclass(eq=False)
+class _OpenCall:
+    """A request reported as requested and not yet as finished."""
+
+    fields: dict[str, Any]
+    """What every event of it says (`_fields`)."""
+    began: float
+    span: Span | None
+    account: Tally | None
+    """Its code action's count, for a tool call of the running execution."""
+    decided: float | None = None
+
+
 class ApprovalGate:
     """Decides the kernel's requests for the execution that runs now.
 
@@ -54,16 +73,35 @@ class ApprovalGate:
         timeout: Seconds an asked request waits for the application's answer (None: no limit).
         hook: Observes every request: requested, decided and, for tool calls, finished (`finished`
             is the `ToolServer`'s report). None costs nothing on a call's path.
+        tracer: Makes a span of every request, a child of its execution's span (`ExecutionDriver.span`).
+        transport_of: The transport of a server by name (``"stdio"``, ``"streamable-http"``, ...),
+            None when the host does not know the name; for the spans.
+        max_tool_calls: Tool calls one execution may make (`Limits.tool_calls`).
+        max_approval_wait: Seconds one execution's tool calls may wait for approval in all
+            (`Limits.approval_wait`).
     """
 
-    def __init__(self, policy: Approval, timeout: float | None, hook: ToolCallHook | None = None) -> None:
+    def __init__(
+        self,
+        policy: Approval,
+        timeout: float | None,
+        hook: ToolCallHook | None = None,
+        *,
+        tracer: ActionTracer | None = None,
+        transport_of: Callable[[str], str | None] | None = None,
+        max_tool_calls: int | None = None,
+        max_approval_wait: float | None = None,
+    ) -> None:
         self.policy: Approval = policy
         self._timeout = timeout
         self.hook = hook
-        # With a hook: the tool calls reported as requested and not yet as finished, by the
-        # ToolRequest the ToolServer holds until it reports them: their event fields, when they were
-        # requested and when decided.
-        self._open: dict[int, tuple[dict[str, Any], float, float | None]] = {}
+        self.tracer = tracer
+        self.transport_of = transport_of
+        self._max_tool_calls = max_tool_calls
+        self._max_approval_wait = max_approval_wait
+        # The tool calls reported as requested and not yet as finished, by the ToolRequest the
+        # ToolServer holds until it reports them.
+        self._open: dict[int, _OpenCall] = {}
         self._driver: ExecutionDriver | None = None
         # The kernel's id for the running execution, which its tool calls must carry.
         self._msg_id: str | None = None
@@ -121,6 +159,11 @@ class ApprovalGate:
         unknown = self._origin_unknown(driver, f"tool call {call.server}.{call.tool}")
         if unknown is not None:
             return await self._refused(call, driver, unknown)
+        over = self._over_budget(driver.account)
+        if over is not None:
+            # Not a decision anyone made: the call fails as over budget, not as rejected.
+            await self._refused(call, driver, ApprovalDecision(approved=False, reason=over, by="ipybox"))
+            raise ToolCallFailed("over_budget", f"the tool call {call.server}.{call.tool} was not made: {over}")
         request = driver.new_request(
             server_name=call.server,
             tool_name=call.tool,
@@ -128,6 +171,7 @@ class ApprovalGate:
             server=server,
             annotations=annotations,
             input_schema=input_schema,
+            call_site=call_site_of(driver.execution.code, call.line, call.module),
             left_running=self._left_running,
         )
         return await self._decide(driver, request, after_mark=call.mark, call=call)
@@ -184,14 +228,16 @@ class ApprovalGate:
         call: ToolRequest | None = None,
         preset: ApprovalDecision | None = None,
     ) -> ApprovalDecision:
-        hook = self.hook
-        fields: dict[str, Any] = {}
-        began = 0.0
-        if hook is not None:
-            fields = _fields(driver, request.id, request.server_name, request.tool_name)
-            began = self._requested(call, fields)
-            requested = ToolCallRequested(**fields, arguments=request.tool_args, annotations=request.annotations)
-            await notify(hook, requested)
+        opened = await self._requested(
+            call,
+            driver,
+            request.id,
+            request.server_name,
+            request.tool_name,
+            request.tool_args,
+            request.annotations,
+            request.call_site,
+        )
         if preset is None:
             decision, decider = await decide_by_policy(self._policy_of(driver), request)
         else:
@@ -201,60 +247,122 @@ class ApprovalGate:
             # one): it decides this one as it would have decided that code's. Logged, since no one saw it.
             logger.info("%s decided by policy (approved=%s) while %s", request, decision.approved, request.left_running)
         if decision is None:
+            limit = self._timeout
+            if call is not None and self._max_approval_wait is not None:
+                # What is left of the execution's approval budget (some is, or the call was refused).
+                left = self._max_approval_wait - driver.account.approval_wait
+                limit = left if limit is None else min(limit, left)
             # Shown to the application: after what the code printed before the call (ipybox._marks).
-            decision = await driver.ask(request, self._timeout, after_mark=after_mark)
+            decision = await driver.ask(request, limit, after_mark=after_mark)
         else:
             request.decide(decision)
         if isinstance(request, ElicitationRequest):
             decision = settled(request, decision)
-        if hook is not None:
-            policy = None if decider is None else policy_name(decider)
-            await self._decided(call, fields, began, decision, policy)
+        if opened is not None:
+            await self._decided(call, opened, decision, None if decider is None else policy_name(decider))
         return decision
 
     async def _refused(
         self, call: ToolRequest, driver: ExecutionDriver | None, decision: ApprovalDecision
     ) -> ApprovalDecision:
         """``decision``, a refusal of ``call`` before it became a request, reported to the hook."""
-        if self.hook is not None:
-            fields = _fields(driver, None, call.server, call.tool)
-            began = self._requested(call, fields)
-            # The kernel's dict: read-only for the hook, though the refused call never runs with it.
-            await notify(self.hook, ToolCallRequested(**fields, arguments=MappingProxyType(call.arguments)))
-            await self._decided(call, fields, began, decision, None)
+        # The kernel's dict: read-only for the hook, though the refused call never runs with it.
+        opened = await self._requested(call, driver, None, call.server, call.tool, MappingProxyType(call.arguments))
+        if opened is not None:
+            await self._decided(call, opened, decision, None)
         return decision
 
-    def _requested(self, call: ToolRequest | None, fields: dict[str, Any]) -> float:
-        began = perf_counter()
-        if call is not None:
-            self._open[id(call)] = (fields, began, None)
-        return began
-
-    async def _decided(
+    async def _requested(
         self,
         call: ToolRequest | None,
-        fields: dict[str, Any],
-        began: float,
-        decision: ApprovalDecision,
-        policy: str | None,
-    ) -> None:
-        assert self.hook is not None
-        decided = perf_counter()
-        if call is not None and id(call) in self._open:
-            self._open[id(call)] = (fields, began, decided)
-        # A copy: the ToolServer reads the gate's own decision after the hook has run, so not even a hook
-        # that writes past the frozen dataclass can change what is done.
-        event = ToolCallDecided(**fields, decision=replace(decision), policy=policy, waited=decided - began)
-        await notify(self.hook, event)
+        driver: ExecutionDriver | None,
+        call_id: str | None,
+        server: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        annotations: Mapping[str, Any] | None = None,
+        call_site: CallSite | None = None,
+    ) -> _OpenCall | None:
+        """Report a request to the hook and start its span; None when neither is wanted."""
+        hook, tracer = self.hook, self.tracer
+        # The span's parent is the running execution's, the host's own record: a call with a stale or
+        # forged execution id (driver None) still belongs to the code action that runs.
+        running = driver or self._driver
+        parent = None if running is None else running.span
+        account = driver.account if driver is not None and call is not None else None
+        if tracer is None or not tracer.traces_under(parent):
+            tracer = None
+            if hook is None and account is None:
+                return None
+        fields = _fields(driver, call_id, server, tool)
+        span = None
+        if tracer is not None:
+            span = tracer.start_tool(
+                parent,
+                call_id=call_id,
+                server=server,
+                tool=tool,
+                transport=None if self.transport_of is None else self.transport_of(server),
+                arguments=arguments,
+                stray=driver is None,
+                call_site=call_site,
+            )
+        opened = _OpenCall(fields, perf_counter(), span, account)
+        if account is not None:
+            account.tool_calls += 1
+        if call is not None:
+            self._open[id(call)] = opened
+        if hook is not None:
+            await notify(hook, ToolCallRequested(**fields, arguments=arguments, annotations=annotations))
+        return opened
 
-    async def finished(self, call: ToolRequest, error: str | None) -> None:
+    async def _decided(
+        self, call: ToolRequest | None, opened: _OpenCall, decision: ApprovalDecision, policy: str | None
+    ) -> None:
+        opened.decided = decided = perf_counter()
+        waited = decided - opened.began
+        account = opened.account
+        if account is not None:
+            account.approval_wait += waited
+            if decision.approved:
+                account.approved += 1
+            else:
+                account.rejected += 1
+        if opened.span is not None:
+            ActionTracer.decided(opened.span, decision, policy, waited)
+            if call is None and self.tracer is not None:  # a connection: its span ends with its decision
+                self.tracer.finished(opened.span, None if decision.approved else "rejected", 0.0)
+        if self.hook is not None:
+            # A copy: the ToolServer reads the gate's own decision after the hook has run, so not even a
+            # hook that writes past the frozen dataclass can change what is done.
+            event = ToolCallDecided(**opened.fields, decision=replace(decision), policy=policy, waited=waited)
+            await notify(self.hook, event)
+
+    async def finished(self, call: ToolRequest, error: str | None, result: ToolResultReply | None = None) -> None:
         """The `ToolServer`'s report that ``call`` ended (``error``: None or its error kind)."""
         opened = self._open.pop(id(call), None)
-        if opened is None or self.hook is None:
+        if opened is None:
             return  # refused before the gate was asked: nothing was reported of it
-        fields, began, decided = opened
-        duration = perf_counter() - (began if decided is None else decided)
-        await notify(self.hook, ToolCallFinished(**fields, error=error, duration=duration))
+        duration = perf_counter() - (opened.began if opened.decided is None else opened.decided)
+        if opened.account is not None:
+            opened.account.tool_time += duration
+        if opened.span is not None and self.tracer is not None:
+            outcome = None if result is None else result.structured if result.structured is not None else result.text
+            self.tracer.finished(opened.span, error, duration, outcome)
+        if self.hook is not None:
+            await notify(self.hook, ToolCallFinished(**opened.fields, error=error, duration=duration))
+
+    def _over_budget(self, account: Tally) -> str | None:
+        """Why the running execution may make no more tool calls, or None."""
+        calls, wait = self._max_tool_calls, self._max_approval_wait
+        if calls is not None and account.tool_calls >= calls:
+            return f"this code action has made {account.tool_calls} tool calls, its limit (Limits.tool_calls={calls})"
+        if wait is not None and account.approval_wait >= wait:
+            return (
+                f"this code action's tool calls have waited {account.approval_wait:.1f} s for approval, its "
+                f"limit (Limits.approval_wait={wait})"
+            )
+        return None
 
     def _policy_of(self, driver: ExecutionDriver) -> Approval:
         own = driver.execution.policy

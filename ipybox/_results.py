@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ("CodeExecutionChunk", "CodeExecutionResult", "Image", "Output")
+__all__ = ("ActionAccount", "CodeExecutionChunk", "CodeExecutionResult", "Image", "Output")
 
 IMAGE_TYPES: dict[str, str] = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}
 
@@ -46,6 +46,26 @@ class Image:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ActionAccount:
+    """What one code action's tool calls came to, counted by the host.
+
+    Times of calls made at once (``acall_tool`` gathered, threads) add up, so they can exceed the
+    code action's duration.
+    """
+
+    tool_calls: int = 0
+    """Tool calls that reached the host, refused ones included."""
+    approved: int = 0
+    """Calls approved (by a policy, a callback, a person or an adapter)."""
+    rejected: int = 0
+    """Calls refused: rejected, timed out, over a budget, or refused by ipybox."""
+    approval_wait: float = 0.0
+    """Seconds the calls waited for their approval decisions, summed."""
+    tool_time: float = 0.0
+    """Seconds from the approvals to the calls' ends (the tools' runs, their servers' starts), summed."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class CodeExecutionResult:
     """The outcome of a code action that completed without raising."""
 
@@ -59,3 +79,5 @@ class CodeExecutionResult:
     """Seconds from the start of the code to its end, not counting time waiting for approvals."""
     truncated_chars: int = 0
     """How many characters of output were dropped because the execution exceeded its output cap."""
+    account: ActionAccount = field(default_factory=ActionAccount)
+    """What the code action's tool calls came to: counts and times."""

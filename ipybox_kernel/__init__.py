@@ -30,6 +30,7 @@ Exceptions, all raised in the kernel::
 
     ToolCallError                 the call did not return a result (server_name, tool_name, message)
     ├── ToolCallRejected          the application rejected it (reason)
+    ├── ToolCallBudgetExceeded    the code action used up a budget of the host's Limits
     ├── ToolServerUnavailable     the host's tool server cannot be reached from this kernel
     ├── ToolNotFound              unknown server or tool (also a LookupError)
     ├── ToolExecutionError        the tool reported an error, or the server refused the call
@@ -46,6 +47,7 @@ from ._client import acall_tool, call_tool
 from ._errors import (
     MCPServerCrashed,
     MCPServerStartError,
+    ToolCallBudgetExceeded,
     ToolCallError,
     ToolCallRejected,
     ToolCallTimeout,
@@ -87,6 +89,7 @@ __all__ = (
     "ResourceLink",
     "SkillInfo",
     "TextContent",
+    "ToolCallBudgetExceeded",
     "ToolCallError",
     "ToolCallRejected",
     "ToolCallTimeout",

@@ -22,7 +22,7 @@ from ._errors import (
     ToolOutput,
 )
 from ._protocol import EXECUTION_ENV, ErrorKind
-from ._transport import IN_PROCESS, Abort, call_executor, kernel_setting, round_trip
+from ._transport import IN_PROCESS, Abort, CallSite, call_executor, kernel_setting, round_trip
 
 __all__ = ("acall_tool", "call_tool")
 
@@ -45,7 +45,7 @@ def call_tool(server_name: str, tool_name: str, arguments: dict[str, Any] | None
         ToolCallRejected: The application rejected the call.
         ToolCallError: The call failed; the subclass says how.
     """
-    line = round_trip(server_name, tool_name, arguments, _execution_id(), None)
+    line = round_trip(server_name, tool_name, arguments, _execution_id(), None, call_site())
     output = _parse_reply(server_name, tool_name, line)
     _display_images(output)
     return output
@@ -65,12 +65,13 @@ async def acall_tool(server_name: str, tool_name: str, arguments: dict[str, Any]
     import contextvars
 
     execution = _execution_id()
+    site = call_site()  # here: the worker thread's stack holds nothing of the cell
     abort = Abort()
     context = contextvars.copy_context()
     loop = asyncio.get_running_loop()
 
     def work() -> ToolOutput:
-        line = context.run(round_trip, server_name, tool_name, arguments, execution, abort)
+        line = context.run(round_trip, server_name, tool_name, arguments, execution, abort, site)
         return _parse_reply(server_name, tool_name, line)
 
     future = loop.run_in_executor(call_executor(), work)
@@ -110,6 +111,44 @@ def _parse_reply(server_name: str, tool_name: str, line: bytes) -> ToolOutput:
     if error is MCPServerCrashed:
         raise MCPServerCrashed(server_name, tool_name, message, output=fields.get("output"))
     raise error(server_name, tool_name, message)
+
+
+# Modules whose frames are the way to a call, not its site: the generated tool modules and this package.
+_PLUMBING = ("mcptools.", "ipybox_kernel.")
+
+
+def call_site() -> CallSite:
+    """Where the running cell made the call: the line of the cell's code, and the module the call
+    came through when not from the cell's own code (a skill, a library).
+
+    The line is that of the innermost frame running the cell's own code (the cell's top level or a
+    function it defines); a function of an earlier cell called from this one gives the line that
+    called it. None when no frame of the running cell is on the stack (a thread, a callback). The
+    host shows the text of that line from its own copy of the code, so a report can only point at
+    a line of the code it ran.
+    """
+    frame = sys._getframe(1)  # pyright: ignore[reportPrivateUsage]
+    module: str | None = None
+    frames: list[Any] = []
+    cell_file: str | None = None
+    while frame is not None:
+        code = frame.f_code
+        frames.append(frame)
+        name = frame.f_globals.get("__name__")
+        if module is None and isinstance(name, str) and name != "__main__" and not name.startswith(_PLUMBING):
+            module = name
+        if module is None and name == "__main__":
+            module = ""  # the first frame that is not plumbing is the user's own: no module to name
+        back = frame.f_back
+        # A cell's top level runs from IPython's run_code (as a coroutine with top-level await).
+        if code.co_name == "<module>" and back is not None and back.f_code.co_name == "run_code":
+            cell_file = code.co_filename
+            break
+        frame = back
+    if cell_file is None:
+        return CallSite(line=None, module=module or None)
+    line = next(f.f_lineno for f in frames if f.f_code.co_filename == cell_file)
+    return CallSite(line=line, module=module or None)
 
 
 def _execution_id() -> str | None:

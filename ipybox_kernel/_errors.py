@@ -16,6 +16,7 @@ __all__ = (
     "ERROR_TYPES",
     "MCPServerCrashed",
     "MCPServerStartError",
+    "ToolCallBudgetExceeded",
     "ToolCallError",
     "ToolCallRejected",
     "ToolCallTimeout",
@@ -63,6 +64,12 @@ class ToolCallRejected(ToolCallError):
     def __init__(self, server_name: str, tool_name: str, message: str, *, reason: str | None = None) -> None:
         super().__init__(server_name, tool_name, message)
         self.reason = reason
+
+
+class ToolCallBudgetExceeded(ToolCallError):
+    """The code action has used up a budget the application set (tool calls per code action, or time
+    waiting for approvals); the call was not made and nobody was asked. Later calls of the same code
+    action fail the same way; the next code action starts afresh."""
 
 
 class ToolServerUnavailable(ToolCallError):
@@ -138,6 +145,7 @@ ERROR_TYPES: dict[ErrorKind, type[ToolCallError]] = {
     "unknown_tool": ToolNotFound,
     "invalid_arguments": ToolCallError,
     "rejected": ToolCallRejected,
+    "over_budget": ToolCallBudgetExceeded,
     "approval_failed": ToolCallError,
     "server_start": MCPServerStartError,
     "server_crashed": MCPServerCrashed,

@@ -19,6 +19,7 @@ __all__ = (
     "MAX_JSON_DEPTH",
     "MAX_JSON_VALUES",
     "MAX_LINE_BYTES",
+    "MAX_MODULE_CHARS",
     "MAX_REPLY_BYTES",
     "NET_SOCKET_ENV",
     "REPLY_TYPE",
@@ -67,6 +68,8 @@ MAX_JSON_DEPTH = 64
 # Arrays, objects and list items a request may hold: each becomes a Python object of 30-60 bytes on
 # the host, so this bounds what parsing one request can take (~64 MB) whatever its line length.
 MAX_JSON_VALUES = 1_000_000
+# Characters of the module name a request's call site may give (a dotted module path).
+MAX_MODULE_CHARS = 256
 # Room for results of several MB (their text is sent twice: as text and as a content item), small
 # enough that a server's runaway result fails as that call's error instead of filling the kernel.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
@@ -84,6 +87,7 @@ ErrorKind = Literal[
     "unknown_tool",  # the server has no tool of that name
     "invalid_arguments",  # the arguments do not fit the tool's input schema (a key or a value); nobody was asked
     "rejected",  # the application did not approve the call
+    "over_budget",  # the code action used up a budget of the executor's Limits; nobody was asked
     "approval_failed",  # approving the call failed on the host; the call was not made
     "server_start",  # the MCP server could not be started or connected to
     "server_crashed",  # the connection to the MCP server ended during the call

@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import ToolCallError, ToolServerUnavailable
-from ._protocol import MAX_LINE_BYTES, SOCKET_ENV, TOKEN_ENV, TRANSPORT_ENV, TRANSPORT_KERNEL
+from ._protocol import MAX_LINE_BYTES, MAX_MODULE_CHARS, SOCKET_ENV, TOKEN_ENV, TRANSPORT_ENV, TRANSPORT_KERNEL
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
 __all__ = (
     "Abort",
+    "CallSite",
     "InProcess",
     "call_executor",
     "round_trip",
@@ -167,6 +168,16 @@ def _checkin(connection: _Connection) -> None:
     connection.close()
 
 
+@dataclass(frozen=True)
+class CallSite:
+    """Where a call was made, as the kernel reports it with the request (``ipybox_kernel._client.call_site``)."""
+
+    line: int | None
+    """The line of the running cell's code that made the call; None: no frame of the cell made it."""
+    module: str | None
+    """The module the call came through, when not the cell's own code (a skill, a library)."""
+
+
 @dataclass(frozen=True, eq=False)
 class InProcess:
     """An in-process kernel's settings (``ipybox.testing``), for the cells it runs.
@@ -204,6 +215,7 @@ def round_trip(
     arguments: dict[str, Any] | None,
     execution: str | None,
     abort: Abort | None,
+    site: CallSite | None = None,
 ) -> bytes:
     """Send one request and return the host's reply line.
 
@@ -238,6 +250,11 @@ def round_trip(
         "tool": tool_name,
         "arguments": arguments,
     }
+    if site is not None:
+        if site.line is not None:
+            request["line"] = site.line
+        if site.module is not None:
+            request["module"] = site.module[:MAX_MODULE_CHARS]
     mark = None
     # A stream that cannot send (closed at shutdown) must not fail the call: it goes on, unordered.
     with contextlib.suppress(Exception):

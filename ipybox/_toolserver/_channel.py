@@ -28,7 +28,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ipybox_kernel._protocol import MAX_JSON_DEPTH, MAX_JSON_VALUES, MAX_LINE_BYTES, MAX_REPLY_BYTES, ErrorKind
+from ipybox_kernel._protocol import (
+    MAX_JSON_DEPTH,
+    MAX_JSON_VALUES,
+    MAX_LINE_BYTES,
+    MAX_MODULE_CHARS,
+    MAX_REPLY_BYTES,
+    ErrorKind,
+)
 
 __all__ = (
     "MAX_JSON_DEPTH",
@@ -56,6 +63,11 @@ class ToolRequest(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
     mark: int | None = Field(default=None, ge=1, lt=2**63)
     """The kernel's output mark that follows what the cell printed before the call (ipybox._marks)."""
+    line: int | None = None
+    """The line of the cell's code that made the call, as the kernel says (ipybox._callsite): any
+    number, since one outside the code is shown as unknown rather than failing the call."""
+    module: str | None = Field(default=None, max_length=MAX_MODULE_CHARS)
+    """The module the call came through, as the kernel says."""
 
 
 class ToolResultReply(BaseModel):

@@ -140,8 +140,9 @@ class ToolServer:
         oauth: Tokens and authorization for servers with ``oauth`` parameters (one per server,
             shared by its sessions); default: the default token store, no person to ask.
         on_finished: Told of the end of every call that was read (its error kind, None when the tool
-            returned, ``"cancelled"`` when the kernel stopped waiting), after its reply was sent: the
-            gate's `ToolCallFinished` event. Awaited, so keep it quick.
+            returned, ``"cancelled"`` when the kernel stopped waiting; and the tool's result when it
+            returned), after its reply was sent: the gate's `ToolCallFinished` event and the end of
+            the call's span. Awaited, so keep it quick.
         elicitation: Decides the questions a server asks during a call (`ApprovalGate.elicitation`);
             None declines them.
         features: Sampling and roots offered to the servers (`ClientFeatures`; default: none).
@@ -158,7 +159,7 @@ class ToolServer:
         max_connections: int = MAX_CONNECTIONS,
         listener: socket.socket | None = None,
         oauth: OAuth | None = None,
-        on_finished: Callable[[ToolRequest, str | None], Awaitable[None]] | None = None,
+        on_finished: Callable[[ToolRequest, str | None, ToolResultReply | None], Awaitable[None]] | None = None,
         elicitation: ElicitationAsker | None = None,
         features: ClientFeatures | None = None,
     ) -> None:
@@ -377,7 +378,8 @@ class ToolServer:
                 error = "cancelled" if reply is None or flight.hung_up else None
                 if isinstance(reply, ToolErrorReply) and not flight.hung_up:
                     error = reply.error
-                await self._on_finished(request, error)
+                result = reply if isinstance(reply, ToolResultReply) and error is None else None
+                await self._on_finished(request, error, result)
 
     def _encode(self, request: ToolRequest, reply: ToolResultReply | ToolErrorReply) -> bytes:
         """The reply's line, or an error line when it cannot be sent (too large, not encodable)."""
@@ -421,6 +423,8 @@ class ToolServer:
             decision = await self._gate(
                 request, server=target.server, annotations=target.annotations, input_schema=target.input_schema
             )
+        except ToolCallFailed:  # the gate's own refusal with its kind (over_budget)
+            raise
         except Exception as exc:  # the gate is application code; whatever it raises, the call is not made
             logger.exception("the approval gate failed for %s/%s", name, tool)
             raise ToolCallFailed(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -237,6 +237,9 @@ class ApprovalPayload:
     left_running: str | None = None
     """The host's statement that code left running by an earlier code action may have made this
     request (`ApprovalRequest.left_running`; also first in ``description``)."""
+    call_site: Mapping[str, Any] | None = None
+    """The line of the code action that made the call: ``{"line", "text", "module"}``
+    (`ApprovalRequest.call_site`; also in ``description``)."""
 
     @classmethod
     def of(cls, request: ApprovalRequest) -> ApprovalPayload:
@@ -250,6 +253,7 @@ class ApprovalPayload:
             undeclared_args=request.undeclared_args,
             arguments_checked=request.input_schema is not None,
             left_running=request.left_running,
+            call_site=None if (site := request.call_site) is None else asdict(site),
         )
 
     @property
@@ -278,6 +282,8 @@ class ApprovalPayload:
             data["annotations"] = _plain(self.annotations)
         if self.left_running is not None:
             data["left_running"] = self.left_running
+        if self.call_site is not None:
+            data["call_site"] = dict(self.call_site)
         return data
 
 

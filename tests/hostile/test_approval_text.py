@@ -111,7 +111,9 @@ async def test_argument_keys_and_values_cannot_forge_lines_of_the_approval_text(
             assert len(lines) == len(arguments), text
             assert all(line.startswith('  "') for line in lines), text
             margin = [line for line in text.split("\n") if not line.startswith(" ")]
-            assert len(margin) in (2, 4), text  # the headline and "Arguments", then "Code:" and "Approve..."
+            # The headline, "Made at" and "Arguments", then "Code:" and "Approve...".
+            assert len(margin) in (3, 5), text
+            assert margin[1] == "Made at: line 5 of the code action: print(call_tool('evil', 'note', args).text)"
             assert '"p\\u0430th"' in text  # the homoglyph key shows its escape
     # The server had not been listed for the first call: the text says so; the second is checked.
     assert "NOT checked against the tool's input schema" in first.description

@@ -172,6 +172,7 @@ async def test_the_payload_is_plain_json_naming_what_the_host_will_run(executor:
     assert "test_server.py" in data["description"]
     assert data["description"] == asked[0].description and '\n  "name": "p"' in data["description"]
     assert data["undeclared_args"] == [] and isinstance(data["arguments_checked"], bool)
+    assert data["call_site"] == {"line": 2, "text": "greet.run({'name': 'p'})", "module": None}
     assert asked[0].call_name == "test__greet"
     execution.cancel()
 
