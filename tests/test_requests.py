@@ -35,8 +35,9 @@ async def test_execute_evaluate_and_interrupt_on_a_local_kernel_and_a_lost_kerne
     ) as kernel:
         with anyio.fail_after(patient(60)):
             events = [event async for event in kernel.execute("x = 6 * 7\nprint(x)")]
-            assert Stream("stdout", "42\n") in events and isinstance(events[-1], Reply)
-            assert events[-1].status == "ok"
+            # The reply (shell) may come before the output (iopub); the events end at idle either way.
+            assert Stream("stdout", "42\n") in events, events
+            assert [e.status for e in events if isinstance(e, Reply)] == ["ok"], events
 
             # User expressions of a silent request: the layer's evaluate, on ZMTP too.
             reply = await kernel.evaluate({"r": "x + 1"})
