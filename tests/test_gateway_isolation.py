@@ -122,6 +122,9 @@ async def test_with_the_sandboxed_kernelspec_the_attack_finds_nothing_and_kernel
     planted.chmod(0o600)
     try:
         await _attack_sandboxed(sandboxed_gateway, kernel, timeouts, tmp_path, planted)
+    except BaseException:
+        print(f"the gateway's log ends with:\n{sandboxed_gateway.log_tail()}")
+        raise
     finally:
         planted.unlink()
     assert sandboxed_gateway.kernel_ids() == []

@@ -37,6 +37,13 @@ _PROBE_INTERVAL = 0.05
 class Gateway:
     url: str
     token: str
+    log: Path | None = None
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The end of the gateway's own log, for a failure's report."""
+        if self.log is None or not self.log.exists():
+            return "(no gateway log)"
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.token}"}
@@ -114,7 +121,7 @@ def run_gateway(
                 stderr=out,
             )
         try:
-            gateway = Gateway(f"http://127.0.0.1:{port}", token)
+            gateway = Gateway(f"http://127.0.0.1:{port}", token, log)
             _wait_ready(gateway, process, log)
             yield gateway
         finally:
