@@ -112,10 +112,13 @@ async def test_one_code_action_with_two_mcp_calls_pauses_twice_and_runs_the_code
     assert set(first) == {"type", "tool_call_id", "name", "args", "description", "request_id", "server", "tool"} | {
         "undeclared_args",
         "arguments_checked",
+        "call_site",
     }
     assert first["type"] == "tool_approval" and first["tool_call_id"] == "call-1"
     assert first["args"] == {"name": "a"} and "test_server.py" in first["description"]
     assert first["request_id"].endswith(":1")
+    # The line of the code action that made the call, its text from the host's copy of the code.
+    assert first["call_site"]["line"] == 5 and first["call_site"]["text"].startswith("print('hello:', greet.run(")
     assert rounds[0][0].response_schema is not None
     message = tool_messages(out)["call-1"]
     assert message.status == "success"

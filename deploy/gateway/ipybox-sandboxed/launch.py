@@ -142,11 +142,12 @@ def main() -> None:
             "--ro-bind", "/usr", "/usr",
             "--ro-bind", "/etc", "/etc", *etc_masks(empty),
             *[arg for d in ("/bin", "/sbin", "/lib", "/lib64", "/lib32") for arg in ("--ro-bind-try", d, d)],
-            *python_mounts(),
             "--proc", "/proc",
             "--dev", "/dev",
             "--size", str(TMP_BYTES), "--tmpfs", "/tmp",
             "--perms", "0755", "--tmpfs", "/run",
+            # After the private /tmp and /run: an interpreter or venv under them is bound over those.
+            *python_mounts(),
             "--ro-bind", connection, f"{INSIDE}/connection.json",
             "--bind", sockets, f"{INSIDE}/sockets",
             "--remount-ro", "/",
