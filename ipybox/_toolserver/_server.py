@@ -410,7 +410,7 @@ class ToolServer:
             )
         target = await self._sessions.target(request)
         await self._approve(request, target)
-        return await self._sessions.call(request)
+        return await self._sessions.call(request, target)
 
     async def _approve(self, request: ToolRequest, target: Target) -> None:
         """Ask the gate.

@@ -220,8 +220,12 @@ class Sessions:
         check_arguments(spec.input_schema if spec is not None else None, request)
         return _target(entry, spec)
 
-    async def call(self, request: ToolRequest) -> ToolResultReply:
+    async def call(self, request: ToolRequest, checked: Target | None = None) -> ToolResultReply:
         """Make an approved call: start or reach its server if needed, then call the tool.
+
+        Args:
+            request: The call.
+            checked: The `target` its arguments were checked against before it was approved.
 
         Raises:
             ToolCallFailed: The server could not be started, the tool is unknown, or the call failed.
@@ -230,8 +234,10 @@ class Sessions:
         # Started here if it is not running; or, approval having taken long, reset or replaced meanwhile.
         live = await self._session(entry, request)
         spec = await self._find_tool(entry, live, request)
-        # The first call to a server was asked about before its schema was known.
-        check_arguments(spec.input_schema, request)
+        # Checked again only against a schema the gate's check did not see: the first call to a server
+        # was asked about before its schema was known, and a new listing may have changed it.
+        if checked is None or checked is not _target(entry, spec):
+            check_arguments(spec.input_schema, request)
         return await self._call(entry, live, request)
 
     def _entry(self, request: ToolRequest) -> _Entry:
