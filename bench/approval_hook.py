@@ -23,13 +23,13 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from ipybox import ApprovalChain, ApprovalRules, ToolCallEvent, Tracing
-from ipybox._execution import open_execution
-from ipybox._gate import ApprovalGate
+from ipybox._approval._policies import Approval
+from ipybox._engine._execution import open_execution
+from ipybox._engine._gate import ApprovalGate
+from ipybox._engine._toolevents import ToolCallHook
+from ipybox._engine._tracing import ActionTracer
 from ipybox._kernel import KernelHandle
-from ipybox._policies import Approval
-from ipybox._toolevents import ToolCallHook
 from ipybox._toolserver._channel import ToolRequest
-from ipybox._tracing import ActionTracer
 
 __all__ = ("main",)
 

@@ -41,11 +41,11 @@ import anyio
 from mcp import types as mcp_types
 
 from ipybox import CodeExecutor, generate_mcp_sources
-from ipybox._approval import ApprovalDecision, ApprovalRequest
-from ipybox._mcp import StdioServer, open_session
-from ipybox._policies import decide_by_policy
+from ipybox._approval._decisions import ApprovalDecision, ApprovalRequest
+from ipybox._approval._policies import decide_by_policy
+from ipybox._mcp._servers import StdioServer, open_session
 from ipybox._toolserver._channel import ToolRequest, ToolResultReply
-from ipybox._toolserver._request import parse_request
+from ipybox._toolserver._parse import parse_request
 from ipybox._toolserver._server import ToolServer
 
 __all__ = ("main",)

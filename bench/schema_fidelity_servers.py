@@ -150,7 +150,7 @@ def oracle(schema: dict[str, Any]) -> Any:
 async def run(tmp: Path, names: list[str]) -> dict[str, Any]:
     import mcp.types as mcp_types
 
-    from ipybox._mcp import open_session, parse_server_params
+    from ipybox._mcp._servers import open_session, parse_server_params
     from ipybox.codegen._codegen import generate_package
 
     root = tmp / "mcptools"

@@ -6,15 +6,27 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._approval import ApprovalCallback as ApprovalCallback
-    from ._approval import ApprovalDecision as ApprovalDecision
-    from ._approval import ApprovalRequest as ApprovalRequest
-    from ._approval import ApprovalRules as ApprovalRules
-    from ._callsite import CallSite as CallSite
-    from ._config import KernelSettings as KernelSettings
-    from ._config import Limits as Limits
-    from ._config import SandboxConfig as SandboxConfig
-    from ._config import Timeouts as Timeouts
+    from ._approval._decisions import ApprovalCallback as ApprovalCallback
+    from ._approval._decisions import ApprovalDecision as ApprovalDecision
+    from ._approval._decisions import ApprovalRequest as ApprovalRequest
+    from ._approval._decisions import ApprovalRules as ApprovalRules
+    from ._approval._policies import Approval as Approval
+    from ._approval._policies import ApprovalChain as ApprovalChain
+    from ._approval._policies import ApprovalPolicy as ApprovalPolicy
+    from ._engine._callsite import CallSite as CallSite
+    from ._engine._execution import Execution as Execution
+    from ._engine._executor import CodeExecutor as CodeExecutor
+    from ._engine._results import ActionAccount as ActionAccount
+    from ._engine._results import CodeExecutionChunk as CodeExecutionChunk
+    from ._engine._results import CodeExecutionResult as CodeExecutionResult
+    from ._engine._results import Image as Image
+    from ._engine._results import Output as Output
+    from ._engine._toolevents import ToolCallDecided as ToolCallDecided
+    from ._engine._toolevents import ToolCallEvent as ToolCallEvent
+    from ._engine._toolevents import ToolCallFinished as ToolCallFinished
+    from ._engine._toolevents import ToolCallHook as ToolCallHook
+    from ._engine._toolevents import ToolCallRequested as ToolCallRequested
+    from ._engine._tracing import Tracing as Tracing
     from ._exceptions import CodeExecutionError as CodeExecutionError
     from ._exceptions import ExecutionCancelled as ExecutionCancelled
     from ._exceptions import ExecutionError as ExecutionError
@@ -31,48 +43,36 @@ if TYPE_CHECKING:
     from ._exceptions import MCPServerError as MCPServerError
     from ._exceptions import SandboxUnavailable as SandboxUnavailable
     from ._exceptions import UsageError as UsageError
-    from ._execution import Execution as Execution
-    from ._executor import CodeExecutor as CodeExecutor
-    from ._gateway._config import GatewayKernel as GatewayKernel
+    from ._gateway._gatewaykernel import GatewayKernel as GatewayKernel
+    from ._kernel._local import LocalKernel as LocalKernel
+    from ._kernel._pool import KernelPool as KernelPool
     from ._kernel._source import KernelHost as KernelHost
     from ._kernel._source import KernelSource as KernelSource
-    from ._localkernel import LocalKernel as LocalKernel
-    from ._mcp import HttpServer as HttpServer
-    from ._mcp import StdioServer as StdioServer
+    from ._mcp._serverasks import ClientFeatures as ClientFeatures
+    from ._mcp._serverasks import ElicitationRequest as ElicitationRequest
+    from ._mcp._servers import HttpServer as HttpServer
+    from ._mcp._servers import StdioServer as StdioServer
     from ._packages import PackageInstallError as PackageInstallError
-    from ._policies import Approval as Approval
-    from ._policies import ApprovalChain as ApprovalChain
-    from ._policies import ApprovalPolicy as ApprovalPolicy
-    from ._pool import KernelPool as KernelPool
-    from ._results import ActionAccount as ActionAccount
-    from ._results import CodeExecutionChunk as CodeExecutionChunk
-    from ._results import CodeExecutionResult as CodeExecutionResult
-    from ._results import Image as Image
-    from ._results import Output as Output
-    from ._serverasks import ClientFeatures as ClientFeatures
-    from ._serverasks import ElicitationRequest as ElicitationRequest
-    from ._toolevents import ToolCallDecided as ToolCallDecided
-    from ._toolevents import ToolCallEvent as ToolCallEvent
-    from ._toolevents import ToolCallFinished as ToolCallFinished
-    from ._toolevents import ToolCallHook as ToolCallHook
-    from ._toolevents import ToolCallRequested as ToolCallRequested
-    from ._tracing import Tracing as Tracing
+    from ._settings import KernelSettings as KernelSettings
+    from ._settings import Limits as Limits
+    from ._settings import SandboxConfig as SandboxConfig
+    from ._settings import Timeouts as Timeouts
     from .codegen._codegen import generate_mcp_sources as generate_mcp_sources
-    from .codegen._search import CatalogueMode as CatalogueMode
-    from .codegen._search import ToolMatch as ToolMatch
-    from .codegen._search import catalogue_mode as catalogue_mode
-    from .codegen._search import render_match_stubs as render_match_stubs
-    from .codegen._search import render_tool_catalogue as render_tool_catalogue
-    from .codegen._search import render_tool_summary as render_tool_summary
-    from .codegen._search import search_tools as search_tools
     from .codegen._stubs import render_tool_stubs as render_tool_stubs
+    from .codegen._toolsearch import CatalogueMode as CatalogueMode
+    from .codegen._toolsearch import ToolMatch as ToolMatch
+    from .codegen._toolsearch import catalogue_mode as catalogue_mode
+    from .codegen._toolsearch import render_match_stubs as render_match_stubs
+    from .codegen._toolsearch import render_tool_catalogue as render_tool_catalogue
+    from .codegen._toolsearch import render_tool_summary as render_tool_summary
+    from .codegen._toolsearch import search_tools as search_tools
     from .network._policy import Network as Network
     from .network._policy import NetworkEvent as NetworkEvent
     from .network._request import NetworkRequest as NetworkRequest
+    from .skills._prompt import render_skill_stubs as render_skill_stubs
     from .skills._store import Skill as Skill
     from .skills._store import list_skills as list_skills
     from .skills._store import save_skill as save_skill
-    from .skills._stubs import render_skill_stubs as render_skill_stubs
 
     __version__: str
 
@@ -81,73 +81,73 @@ if TYPE_CHECKING:
 # with warm caches), which `ipybox --version`, `ipybox stubs` or an application that only names a type
 # should not pay for. A name's module is imported on first access (PEP 562).
 _LAZY = {
-    "ActionAccount": "._results",
-    "Approval": "._policies",
-    "ApprovalCallback": "._approval",
-    "ApprovalChain": "._policies",
-    "ApprovalDecision": "._approval",
-    "ApprovalPolicy": "._policies",
-    "ApprovalRequest": "._approval",
-    "ApprovalRules": "._approval",
-    "CallSite": "._callsite",
-    "CatalogueMode": ".codegen._search",
-    "ClientFeatures": "._serverasks",
-    "CodeExecutionChunk": "._results",
+    "ActionAccount": "._engine._results",
+    "Approval": "._approval._policies",
+    "ApprovalCallback": "._approval._decisions",
+    "ApprovalChain": "._approval._policies",
+    "ApprovalDecision": "._approval._decisions",
+    "ApprovalPolicy": "._approval._policies",
+    "ApprovalRequest": "._approval._decisions",
+    "ApprovalRules": "._approval._decisions",
+    "CallSite": "._engine._callsite",
+    "CatalogueMode": ".codegen._toolsearch",
+    "ClientFeatures": "._mcp._serverasks",
+    "CodeExecutionChunk": "._engine._results",
     "CodeExecutionError": "._exceptions",
-    "CodeExecutionResult": "._results",
-    "CodeExecutor": "._executor",
-    "ElicitationRequest": "._serverasks",
-    "Execution": "._execution",
+    "CodeExecutionResult": "._engine._results",
+    "CodeExecutor": "._engine._executor",
+    "ElicitationRequest": "._mcp._serverasks",
+    "Execution": "._engine._execution",
     "ExecutionCancelled": "._exceptions",
     "ExecutionError": "._exceptions",
     "ExecutionLost": "._exceptions",
     "ExecutionTimeout": "._exceptions",
     "FileTransferError": "._exceptions",
-    "GatewayKernel": "._gateway._config",
+    "GatewayKernel": "._gateway._gatewaykernel",
     "GenerationError": "._exceptions",
-    "HttpServer": "._mcp",
-    "Image": "._results",
+    "HttpServer": "._mcp._servers",
+    "Image": "._engine._results",
     "InvalidSkill": "._exceptions",
     "IpyboxError": "._exceptions",
     "KernelConnectionLost": "._exceptions",
     "KernelDied": "._exceptions",
     "KernelError": "._exceptions",
     "KernelHost": "._kernel._source",
-    "KernelPool": "._pool",
-    "KernelSettings": "._config",
+    "KernelPool": "._kernel._pool",
+    "KernelSettings": "._settings",
     "KernelSource": "._kernel._source",
     "KernelStartError": "._exceptions",
-    "Limits": "._config",
-    "LocalKernel": "._localkernel",
+    "Limits": "._settings",
+    "LocalKernel": "._kernel._local",
     "MCPServerError": "._exceptions",
     "Network": ".network._policy",
     "NetworkEvent": ".network._policy",
     "NetworkRequest": ".network._request",
-    "Output": "._results",
+    "Output": "._engine._results",
     "PackageInstallError": "._packages",
-    "SandboxConfig": "._config",
+    "SandboxConfig": "._settings",
     "SandboxUnavailable": "._exceptions",
     "Skill": ".skills._store",
-    "StdioServer": "._mcp",
-    "Timeouts": "._config",
-    "ToolCallDecided": "._toolevents",
-    "ToolCallEvent": "._toolevents",
-    "ToolCallFinished": "._toolevents",
-    "ToolCallHook": "._toolevents",
-    "ToolCallRequested": "._toolevents",
-    "ToolMatch": ".codegen._search",
-    "Tracing": "._tracing",
+    "StdioServer": "._mcp._servers",
+    "Timeouts": "._settings",
+    "ToolCallDecided": "._engine._toolevents",
+    "ToolCallEvent": "._engine._toolevents",
+    "ToolCallFinished": "._engine._toolevents",
+    "ToolCallHook": "._engine._toolevents",
+    "ToolCallRequested": "._engine._toolevents",
+    "ToolMatch": ".codegen._toolsearch",
+    "Tracing": "._engine._tracing",
     "UsageError": "._exceptions",
-    "catalogue_mode": ".codegen._search",
+    "catalogue_mode": ".codegen._toolsearch",
     "generate_mcp_sources": ".codegen._codegen",
     "list_skills": ".skills._store",
-    "render_match_stubs": ".codegen._search",
-    "render_skill_stubs": ".skills._stubs",
-    "render_tool_catalogue": ".codegen._search",
+    "render_match_stubs": ".codegen._toolsearch",
+    "render_skill_stubs": ".skills._prompt",
+    "render_tool_catalogue": ".codegen._toolsearch",
     "render_tool_stubs": ".codegen._stubs",
-    "render_tool_summary": ".codegen._search",
+    "render_tool_summary": ".codegen._toolsearch",
     "save_skill": ".skills._store",
-    "search_tools": ".codegen._search",
+    "search_tools": ".codegen._toolsearch",
 }
 
 __all__ = (

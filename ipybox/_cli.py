@@ -20,10 +20,10 @@ from . import __version__
 from ._exceptions import IpyboxError, UsageError
 from ._manifest import MANIFEST_DIR, MANIFEST_FILE
 from .codegen._stubs import render_tool_stubs
-from .mcp_server._config import add_arguments as add_mcp_arguments
+from .mcp_server._options import add_arguments as add_mcp_arguments
 
 if TYPE_CHECKING:
-    from ._oauth import OAuth
+    from ._mcp._oauth import OAuth
     from .codegen._codegen import GenerationReport
 
 __all__ = ("main",)
@@ -101,8 +101,8 @@ def _print_report(report: GenerationReport, root: Path) -> None:
 def _cmd_generate(args: argparse.Namespace) -> int:
     # Imported here, like the MCP server below: code generation needs the MCP client and
     # datamodel-code-generator, which `ipybox --version`, `--help` and `stubs` should not load.
-    from ._loopback import LoopbackAuthorizer
-    from ._oauth import OAuth
+    from ._mcp._loopback import LoopbackAuthorizer
+    from ._mcp._oauth import OAuth
 
     params = _server_params(args)
     root = Path(args.root)
@@ -137,7 +137,7 @@ def _cmd_stubs(args: argparse.Namespace) -> int:
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
     # Imported here: the MCP server stack is only needed by this subcommand.
-    from .mcp_server._http import run_parsed
+    from .mcp_server._transports import run_parsed
 
     return run_parsed(args)
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ._exceptions import UsageError
-from ._mcp import HttpServer, StdioServer, parse_server_params
+from ._mcp._servers import HttpServer, StdioServer, parse_server_params
 from ._privatefile import replace_private_file
 
 __all__ = (

@@ -4,7 +4,7 @@ Each `ReadOnlyMount` names a `KernelSettings` attribute holding a host directory
 directory is checked (and created) before every kernel start, the variable that tells the kernel
 where it is, and the package it is importable as. Everything that starts a kernel (the executor's
 host side, the pool, the launch) goes over `MOUNTS`, so a new checked mount is one more attribute
-of `KernelSettings` (``_config.py``), one more row here, and whatever the kernel does with it
+of `KernelSettings` (``_settings.py``), one more row here, and whatever the kernel does with it
 (``ipybox_kernel``).
 
 The tools directory is not one of them: it is made per kernel by a pool with separate workspaces,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ipybox_kernel._protocol import SKILLS_DIR_ENV
 
-from ._config import KernelSettings
+from ._settings import KernelSettings
 from .skills._store import SKILLS_PACKAGE, prepare_skills_dir
 
 __all__ = ("MOUNTS", "ReadOnlyMount", "mounted", "prepare_mounts")

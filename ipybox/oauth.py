@@ -18,10 +18,10 @@ Tokens stay on the host, in `OAuth.store` (default `FileTokenStore`: private fil
 user's data directory), never in the tools directory, its manifest or the kernel.
 """
 
-from ._loopback import LoopbackAuthorizer
-from ._mcp import OAuthParams
-from ._oauth import AuthorizationRequest, Authorize, OAuth
-from ._tokenstore import FileTokenStore, TokenStore, default_token_dir
+from ._mcp._loopback import LoopbackAuthorizer
+from ._mcp._oauth import AuthorizationRequest, Authorize, OAuth
+from ._mcp._servers import OAuthParams
+from ._mcp._tokenstore import FileTokenStore, TokenStore, default_token_dir
 
 __all__ = (
     "AuthorizationRequest",

@@ -2,7 +2,7 @@
 
 The gateways have no files API and the kernel has no network path to the host, so the host's
 `CodeExecutor.upload` and ``download`` call `serve` in the ``user_expressions`` of silent execute
-requests, one request per chunk of at most a few hundred KiB to 1 MiB (ipybox._gateway._files).
+requests, one request per chunk of at most a few hundred KiB to 1 MiB (ipybox._gateway._transfer).
 ipykernel runs them on the shell thread like any cell, and returns the plain-text repr of each
 answer in the ``execute_reply``.
 

@@ -15,7 +15,7 @@ So before a request is sent, `OutputMarks.before_call`
 
 and the request carries ``"mark": n``. IOPub keeps the order in which messages were queued, so once
 the host has taken in mark n for the cell, it has taken in everything the cell sent before the call.
-The host shows the call only then, or after a short deadline (``ipybox._marks``).
+The host shows the call only then, or after a short deadline (``ipybox._engine._outputmarks``).
 
 No new mark is sent when it cannot change anything. The streams and ``display()`` count every output
 message they send; when none has been sent since the cell began, nothing of the cell can be on its

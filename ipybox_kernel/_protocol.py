@@ -32,7 +32,7 @@ __all__ = (
     "ErrorKind",
 )
 
-# -- the kernel's environment, set by the host (ipybox._kernelhome, ipybox.network, ipybox._gateway._push) --
+# -- the kernel's environment, set by the host (ipybox._kernel._home, ipybox.network, ipybox._gateway._push) --
 
 # The tool server's unix socket, and the secret every request (and the network forwarder) sends first.
 SOCKET_ENV = "IPYBOX_TOOL_SOCKET"

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ipybox import ActionAccount, ApprovalRules, CodeExecutor, Limits, Tracing
-from ipybox._tracing import ACTION_SPAN
+from ipybox._engine._tracing import ACTION_SPAN
 from ipybox.testing import InProcessKernel
 
 pytestmark = pytest.mark.anyio

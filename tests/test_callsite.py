@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ipybox import ApprovalRequest, CallSite, CodeExecutor, Tracing
-from ipybox._approvaltext import request_text
-from ipybox._callsite import LINE_CHARS, call_site_of
+from ipybox._approval._rendering import request_text
+from ipybox._engine._callsite import LINE_CHARS, call_site_of
 from ipybox.testing import InProcessKernel
 
 pytestmark = pytest.mark.anyio

@@ -22,7 +22,7 @@ from codegen_support import (
 
 from ipybox._exceptions import GenerationError, UsageError
 from ipybox._manifest import load_manifest
-from ipybox._mcp import StdioServer, open_session, parse_server_params
+from ipybox._mcp._servers import StdioServer, open_session, parse_server_params
 from ipybox.codegen._codegen import GenerationReport, generate_mcp_sources, generate_package
 from ipybox_kernel._records import INDEX_FILE
 

@@ -9,7 +9,7 @@ import anyio.to_thread
 import pytest
 from codegen_support import EVERYTHING_BIN, EVERYTHING_MISSING, everything_params, load_package, run_json
 
-from ipybox._mcp import open_session, parse_server_params
+from ipybox._mcp._servers import open_session, parse_server_params
 from ipybox.codegen._codegen import GenerationReport, generate_package
 from ipybox.codegen._modelgen import warm_up
 

@@ -21,9 +21,9 @@ from ipybox import (
     UsageError,
 )
 from ipybox._cli import _build_parser
-from ipybox._localkernel import LaunchSpec
-from ipybox._mcp import parse_server_params
-from ipybox.mcp_server._config import ServerConfig, config_from_args
+from ipybox._kernel._local import LaunchSpec
+from ipybox._mcp._servers import parse_server_params
+from ipybox.mcp_server._options import ServerConfig, config_from_args
 from ipybox.mcp_server._sessions import session_pool
 
 

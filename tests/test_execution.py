@@ -18,7 +18,7 @@ from ipybox import (
     ExecutionCancelled,
     ExecutionLost,
 )
-from ipybox._keyed import RELEASED_KEYS
+from ipybox._engine._keyed import RELEASED_KEYS
 
 pytestmark = pytest.mark.anyio
 

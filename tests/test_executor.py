@@ -22,7 +22,7 @@ from ipybox import (
     Timeouts,
     UsageError,
 )
-from ipybox._executor import DOWNLOAD_LIMIT
+from ipybox._engine._executor import DOWNLOAD_LIMIT
 
 INTERRUPT_GRACE = Timeouts().interrupt_grace
 

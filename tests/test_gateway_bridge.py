@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from ipybox._approval import ApprovalDecision
+from ipybox._approval._decisions import ApprovalDecision
 from ipybox._gateway._bridge import ToolBridge
 from ipybox._toolserver._channel import ToolRequest
 from ipybox._toolserver._server import ToolServer

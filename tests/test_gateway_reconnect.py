@@ -40,7 +40,7 @@ RECOVERY = 60.0
 MARGIN = 15.0
 SHORT_RECONNECT = 3.0
 SHORT_TIMEOUT = 3.0
-# ipybox._gateway._client's bound on one DELETE.
+# ipybox._gateway._remotekernel's bound on one DELETE.
 DELETE_TIMEOUT = 10.0
 BLOCK = "import threading\nprint('running', flush=True)\nthreading.Event().wait()"
 

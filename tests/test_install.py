@@ -117,7 +117,7 @@ async def test_the_built_wheel_installs_with_pip_into_a_fresh_venv_serves_mcp_an
                 "from ipybox.integrations.langchain import IpyboxTool\n"
                 "from ipybox.integrations.pydantic_ai import IpyboxToolset\n"
                 "from ipybox.integrations.openai_agents import ipybox_tool\n"
-                "from ipybox._gateway._client import RemoteKernel\n"
+                "from ipybox._gateway._remotekernel import RemoteKernel\n"
                 "print('adapters ok')",
             ],
             env=env,

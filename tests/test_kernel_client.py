@@ -18,8 +18,8 @@ from jupyter_client.manager import AsyncKernelManager
 from servers.fixtures import KERNEL_TIMEOUT, tool_channel
 
 import ipybox_kernel
-from ipybox._approval import ApprovalDecision
-from ipybox._mcp import HttpServer
+from ipybox._approval._decisions import ApprovalDecision
+from ipybox._mcp._servers import HttpServer
 from ipybox._toolserver._channel import ToolRequest
 
 pytestmark = pytest.mark.anyio

@@ -41,7 +41,7 @@ from servers.fixtures import stdio_server, wait_for_exit
 
 import ipybox
 from ipybox import UsageError
-from ipybox.mcp_server._events import BoundedEventStore
+from ipybox.mcp_server._eventstore import BoundedEventStore
 
 pytestmark = pytest.mark.anyio
 
@@ -739,7 +739,7 @@ async def test_http_without_a_token_makes_one_up_so_a_local_process_can_neither_
 
 
 def test_serving_http_without_a_token_must_be_asked_for_and_never_with_registration(tmp_path: Path) -> None:
-    from ipybox.mcp_server._config import check_exposure
+    from ipybox.mcp_server._options import check_exposure
 
     env = {**_server_env(tmp_path), "XDG_RUNTIME_DIR": str(tmp_path / "run")}
     command = [sys.executable, "-m", "ipybox", "mcp", "--transport", "http", "--port", "0", "--no-token"]
@@ -760,7 +760,7 @@ def test_serving_http_without_a_token_must_be_asked_for_and_never_with_registrat
 
 
 def test_loopback_addresses_may_serve_http_without_a_token() -> None:
-    from ipybox.mcp_server._config import check_exposure
+    from ipybox.mcp_server._options import check_exposure
 
     for host in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"):
         check_exposure(host, None)
@@ -847,7 +847,7 @@ def test_the_plugin_and_the_registry_entry_start_ipybox_with_valid_options() -> 
 
 def test_network_clients_may_register_servers_only_when_the_operator_allows_it(tmp_path: Path) -> None:
     from ipybox._cli import _build_parser
-    from ipybox.mcp_server._config import config_from_args
+    from ipybox.mcp_server._options import config_from_args
 
     def allowed(*options: str) -> bool:
         args = _build_parser().parse_args(["mcp", "--workspace", str(tmp_path), *options])

@@ -33,7 +33,7 @@ from ipybox import (
     NetworkRequest,
     UsageError,
 )
-from ipybox._approval import ApprovalDecision
+from ipybox._approval._decisions import ApprovalDecision
 from ipybox.network._policy import address_problem
 from ipybox.network._proxy import NetworkProxy
 

@@ -23,8 +23,8 @@ from ipybox import (
     ToolCallRequested,
     UsageError,
 )
-from ipybox._policies import Approval, decide_by_policy, policy_name
-from ipybox._toolevents import notify
+from ipybox._approval._policies import Approval, decide_by_policy, policy_name
+from ipybox._engine._toolevents import notify
 from ipybox.network._request import network_request_fields
 
 pytestmark = pytest.mark.anyio

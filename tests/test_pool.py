@@ -101,7 +101,7 @@ async def test_an_executor_takes_its_pools_settings_and_refuses_others_instead_o
         CodeExecutor(workspace=pool.workspace, sandbox=None, env={"A": "b"}, pool=pool)
     waiting = await full(pool)
     # Given none of them (not even the workspace), it runs with the pool's, on one of its kernels.
-    with caplog.at_level(logging.WARNING, logger="ipybox._pool"):
+    with caplog.at_level(logging.WARNING, logger="ipybox._kernel._pool"):
         async with CodeExecutor(pool=pool) as executor:
             assert running(executor) in waiting
             assert (executor.workspace, executor.tools_dir, executor.limits) == (

@@ -18,8 +18,8 @@ from pydantic import ValidationError
 import ipybox_kernel
 from ipybox._gateway._push import setup_cells
 from ipybox._toolserver import _channel
+from ipybox._toolserver._boundary import ToolCallFailed
 from ipybox._toolserver._channel import ToolErrorReply, encode_reply
-from ipybox._toolserver._errors import ToolCallFailed
 from ipybox_kernel import _protocol
 from ipybox_kernel._client import _parse_reply
 from ipybox_kernel._errors import ERROR_TYPES, ToolCallError

@@ -45,7 +45,7 @@ def test_importing_ipybox_loads_none_of_its_heavy_dependencies_until_a_name_is_u
 def test_the_lazy_names_are_the_objects_their_modules_define() -> None:
     # Importing a submodule binds it in the package, which must not make it public.
     importlib.import_module("ipybox.mcp_server")
-    from ipybox._executor import CodeExecutor
+    from ipybox._engine._executor import CodeExecutor
     from ipybox.codegen._stubs import render_tool_stubs
 
     assert ipybox.CodeExecutor is CodeExecutor and ipybox.render_tool_stubs is render_tool_stubs

@@ -14,9 +14,9 @@ import anyio
 import pytest
 from deadline_support import patient
 
-from ipybox._config import Limits
 from ipybox._exceptions import KernelDied
 from ipybox._kernel import Error, Kernel, Reply, Stream, default_python
+from ipybox._settings import Limits
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,7 @@ import pytest
 from codegen_support import EVERYTHING_BIN, EVERYTHING_MISSING, everything_params, shapes_params
 
 from ipybox._exceptions import UsageError
-from ipybox._mcp import open_session, parse_server_params
+from ipybox._mcp._servers import open_session, parse_server_params
 from ipybox.codegen._codegen import generate_mcp_sources
 from ipybox.codegen._stubs import render_tool_stubs
 

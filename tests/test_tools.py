@@ -29,10 +29,10 @@ from ipybox import (
     StdioServer,
     Timeouts,
     UsageError,
-    _execution,
     generate_mcp_sources,
 )
-from ipybox._policies import Approval
+from ipybox._approval._policies import Approval
+from ipybox._engine import _execution
 from ipybox.testing import InProcessKernel
 
 pytestmark = pytest.mark.anyio

@@ -22,11 +22,11 @@ import pytest
 from servers.fixtures import SERVER_SCRIPT, Channel, RecordingGate, stdio_server, tool_channel, wait_for_exit
 from servers.test_server import png_bytes
 
-from ipybox._approval import ApprovalDecision
+from ipybox._approval._decisions import ApprovalDecision
 from ipybox._exceptions import UsageError
-from ipybox._mcp import HttpServer, StdioServer
+from ipybox._mcp._servers import HttpServer, StdioServer
+from ipybox._toolserver._boundary import ToolCallFailed, tool_errors
 from ipybox._toolserver._channel import MAX_LINE_BYTES, ToolRequest
-from ipybox._toolserver._errors import ToolCallFailed, tool_errors
 from ipybox._toolserver._server import HANGUP_WATCH_AFTER, ToolServer
 
 pytestmark = pytest.mark.anyio

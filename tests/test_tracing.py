@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from ipybox import ApprovalRules, CodeExecutionError, CodeExecutor, Tracing
-from ipybox._tracing import ACTION_SPAN, MAX_ATTRIBUTE_CHARS
+from ipybox._engine._tracing import ACTION_SPAN, MAX_ATTRIBUTE_CHARS
 from ipybox.testing import InProcessKernel
 
 pytestmark = pytest.mark.anyio
@@ -208,7 +208,7 @@ async def test_hostile_tool_names_are_bounded_on_spans(
 
 def test_without_an_sdk_the_global_tracer_is_a_no_op() -> None:
     # The default Tracing uses the global API, whose tracer records nothing until an SDK is set.
-    from ipybox._tracing import ActionTracer
+    from ipybox._engine._tracing import ActionTracer
 
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)  # no test sets a global SDK
     span = ActionTracer(Tracing()).start_action(execution_id="x1", key=None, code="1", parent=None)

@@ -36,7 +36,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.protocol import State
 
-from ipybox._gateway._config import GatewayKernel
+from ipybox._gateway._gatewaykernel import GatewayKernel
 
 __all__ = ("KernelGone", "Link", "Outage", "SendNow", "Watch")
 

@@ -15,11 +15,11 @@
 
 from __future__ import annotations
 
-from ._client import SANDBOX_SOCKET_DIR, Kernel
 from ._handle import KernelHandle
 from ._messages import Display, Dropped, Error, KernelEvent, Mark, Reply, Stream, message_limit, strip_ansi
 from ._process import bytecode_missing, default_python
 from ._source import KernelHost, KernelSource, StartedHome
+from ._zmqkernel import SANDBOX_SOCKET_DIR, Kernel
 
 __all__ = (
     "SANDBOX_SOCKET_DIR",

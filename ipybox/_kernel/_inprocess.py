@@ -61,10 +61,10 @@ from IPython.core.displaypub import DisplayPublisher
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets.config import Config
 
-from ipybox._config import KernelSettings
-from ipybox._events import wait_any
+from ipybox._engine._waiting import wait_any
 from ipybox._exceptions import KernelDied, KernelStartError, UsageError
-from ipybox._kernelhome import IMPORT_ROOT
+from ipybox._kernel._home import IMPORT_ROOT
+from ipybox._settings import KernelSettings
 from ipybox_kernel._protocol import EXECUTION_ENV, SOCKET_ENV, TOKEN_ENV
 from ipybox_kernel._transport import IN_PROCESS, InProcess
 
@@ -371,7 +371,7 @@ class InProcessShell:
             return None
 
     def live_tasks(self) -> None:
-        """None: the host process's own threads are not the kernel's to count (ipybox._leftrunning
+        """None: the host process's own threads are not the kernel's to count (ipybox._kernel._leftrunning
         flags nothing here; this kernel is no sandbox, and its cells' threads do not carry the cell)."""
         return None
 
@@ -422,7 +422,7 @@ class InProcessShell:
                 self._running = None
 
     def _mark(self, execution: str | None) -> int | None:
-        """The mark a tool request of ``execution`` carries (see ``ipybox._marks``)."""
+        """The mark a tool request of ``execution`` carries (see ``ipybox._engine._outputmarks``)."""
         cell = _CELL.get()
         if cell is None or execution != cell.msg_id:
             return None

@@ -99,7 +99,7 @@ class Dropped:
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """The kernel's mark behind the output a cell sent before a tool call (ipybox._marks).
+    """The kernel's mark behind the output a cell sent before a tool call (ipybox._engine._outputmarks).
 
     Attributes:
         id: The mark's number, which the tool request names.

@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from ipybox._config import Limits
+from ipybox._settings import Limits
 
 from ._messages import message_limit
 
@@ -195,7 +195,7 @@ def live_tasks(root: int) -> frozenset[tuple[int, int]]:
 
     Zombies (exited, not yet reaped) are left out: they run nothing. Read from /proc like
     `tree_cpu_seconds`, so a thread that starts and ends while the walk runs may be missed; callers
-    that need every thread compare two walks (see ipybox._leftrunning).
+    that need every thread compare two walks (see ipybox._kernel._leftrunning).
     """
     found: set[tuple[int, int]] = set()
     pids = [root]

@@ -5,7 +5,7 @@ it as their parent: its reply on the channel it was sent on, and its status and 
 `Requests` keeps one `Inbox` per request waiting for them, by the request's id, and makes the
 requests the host sends: `execute`, `evaluate` (user expressions in a silent execute request) and
 `interrupt`. How messages travel is a `ChannelTransport`'s business: ipybox's ZMTP channels to a
-local kernel (`ipybox._kernel._client.Kernel`) or a gateway's websocket (`ipybox._gateway`'s
+local kernel (`ipybox._kernel._zmqkernel.Kernel`) or a gateway's websocket (`ipybox._gateway`'s
 `RemoteKernel`). A transport sends what `Requests` asks it to, and hands each message it receives
 and wants to `deliver` (after its own checks: the signature, the shape, the output budget).
 """

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ipybox._config import KernelSettings
+from ipybox._settings import KernelSettings
 
 from ._handle import KernelHandle
 

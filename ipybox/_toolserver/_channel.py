@@ -62,9 +62,9 @@ class ToolRequest(BaseModel):
     tool: str = Field(min_length=1, max_length=1024)
     arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
     mark: int | None = Field(default=None, ge=1, lt=2**63)
-    """The kernel's output mark that follows what the cell printed before the call (ipybox._marks)."""
+    """The kernel's output mark that follows what the cell printed before the call (ipybox._engine._outputmarks)."""
     line: int | None = None
-    """The line of the cell's code that made the call, as the kernel says (ipybox._callsite): any
+    """The line of the cell's code that made the call, as the kernel says (ipybox._engine._callsite): any
     number, since one outside the code is shown as unknown rather than failing the call."""
     module: str | None = Field(default=None, max_length=MAX_MODULE_CHARS)
     """The module the call came through, as the kernel says."""

@@ -38,13 +38,14 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
-from ipybox._approval import ApprovalDecision, read_only_copy
+from ipybox._approval._decisions import ApprovalDecision, read_only_copy
 from ipybox._exceptions import UsageError
-from ipybox._mcp import HttpServer, StdioServer
-from ipybox._oauth import OAuth
-from ipybox._serverasks import ClientFeatures
+from ipybox._mcp._oauth import OAuth
+from ipybox._mcp._serverasks import ClientFeatures
+from ipybox._mcp._servers import HttpServer, StdioServer
 from ipybox._unixsocket import ServedSocket
 
+from ._boundary import ToolCallFailed, tool_errors
 from ._channel import (
     MAX_LINE_BYTES,
     MAX_REPLY_BYTES,
@@ -54,7 +55,6 @@ from ._channel import (
     ToolResultReply,
     encode_reply,
 )
-from ._errors import ToolCallFailed, tool_errors
 from ._lines import (
     HANGUP_WATCH_AFTER,
     MAX_BUFFERED_BYTES,
@@ -65,8 +65,8 @@ from ._lines import (
     LineTooLong,
     OverBudget,
 )
-from ._request import parse_request
-from ._sessions import ElicitationAsker, Sessions, Target, check_arguments
+from ._parse import parse_request
+from ._registry import ElicitationAsker, Sessions, Target, check_arguments
 
 __all__ = ("HANGUP_WATCH_AFTER", "MAX_BUFFERED_BYTES", "MAX_CONNECTIONS", "BuiltinTool", "Gate", "ToolServer")
 

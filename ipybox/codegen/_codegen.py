@@ -37,8 +37,15 @@ from mcp.shared.exceptions import MCPError
 
 from ipybox._exceptions import GenerationError, MCPServerError, UsageError
 from ipybox._manifest import load_manifest, manifest_lock, save_manifest_entry
-from ipybox._mcp import HttpServer, ServerExitWatch, StdioServer, http_refusals, open_session, parse_server_params
-from ipybox._oauth import OAuth
+from ipybox._mcp._oauth import OAuth
+from ipybox._mcp._servers import (
+    HttpServer,
+    ServerExitWatch,
+    StdioServer,
+    http_refusals,
+    open_session,
+    parse_server_params,
+)
 from ipybox._tooldir import check_tools_dir, prepare_tools_dir, tools_dir_path
 from ipybox_kernel._records import INDEX_FILE
 

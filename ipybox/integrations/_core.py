@@ -37,7 +37,7 @@ from ipybox import (
     UsageError,
     render_skill_stubs,
 )
-from ipybox.codegen._search import CatalogueMode, render_match_stubs, render_tool_catalogue, search_tools
+from ipybox.codegen._toolsearch import CatalogueMode, render_match_stubs, render_tool_catalogue, search_tools
 
 __all__ = (
     "DEFAULT_TTL",

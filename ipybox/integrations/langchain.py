@@ -43,7 +43,7 @@ from ipybox import (
     ExecutionLost,
     UsageError,
 )
-from ipybox.codegen._search import CatalogueMode
+from ipybox.codegen._toolsearch import CatalogueMode
 
 from ._core import (
     DEFAULT_TTL,

@@ -13,18 +13,18 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._config import ServerConfig as ServerConfig
-    from ._http import main as main
-    from ._http import run_parsed as run_parsed
-    from ._http import serve as serve
-    from ._server import build_server as build_server
+    from ._build import build_server as build_server
+    from ._options import ServerConfig as ServerConfig
+    from ._transports import main as main
+    from ._transports import run_parsed as run_parsed
+    from ._transports import serve as serve
 
 _LAZY = {
-    "ServerConfig": "._config",
-    "build_server": "._server",
-    "main": "._http",
-    "run_parsed": "._http",
-    "serve": "._http",
+    "ServerConfig": "._options",
+    "build_server": "._build",
+    "main": "._transports",
+    "run_parsed": "._transports",
+    "serve": "._transports",
 }
 
 __all__ = ("ServerConfig", "build_server", "main", "run_parsed", "serve")

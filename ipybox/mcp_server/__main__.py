@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._http import main
+from ._transports import main
 
 __all__ = ()
 

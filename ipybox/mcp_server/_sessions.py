@@ -26,21 +26,21 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, Field
 
-from ipybox._approval import ApprovalDecision, ApprovalRequest
-from ipybox._approvaltext import request_text
-from ipybox._events import wait_any
+from ipybox._approval._decisions import ApprovalDecision, ApprovalRequest
+from ipybox._approval._policies import ApprovalChain
+from ipybox._approval._rendering import request_text
+from ipybox._engine._execution import Execution
+from ipybox._engine._executor import CodeExecutor
+from ipybox._engine._waiting import wait_any
 from ipybox._exceptions import IpyboxError
-from ipybox._execution import Execution
-from ipybox._executor import CodeExecutor
-from ipybox._localkernel import LocalKernel
-from ipybox._mcp import HttpServer, StdioServer
-from ipybox._policies import ApprovalChain
-from ipybox._pool import KernelPool
-from ipybox._serverasks import ElicitationRequest
+from ipybox._kernel._local import LocalKernel
+from ipybox._kernel._pool import KernelPool
+from ipybox._mcp._serverasks import ElicitationRequest
+from ipybox._mcp._servers import HttpServer, StdioServer
 from ipybox.codegen._codegen import generate_mcp_sources
 from ipybox.network._request import NetworkRequest
 
-from ._config import ServerConfig
+from ._options import ServerConfig
 
 __all__ = ("Session", "Sessions", "session_pool", "sessions_of")
 
@@ -288,7 +288,7 @@ async def _forward_question(ctx: Context | None, request: ElicitationRequest) ->
     """Ask this server's own client the question a registered server asked during a call, in the
     same mode, when that client declares it can be asked so; decline otherwise. The client's
     user reads ipybox's rendering (the server's text escaped, bounded and marked as the server's),
-    and its answer goes back through the same checks (ipybox._serverasks.settled)."""
+    and its answer goes back through the same checks (ipybox._mcp._serverasks.settled)."""
     declared = ctx.client_capabilities.elicitation if ctx is not None and ctx.client_capabilities else None
     if ctx is None or declared is None or not ctx.request_context.session.can_send_request:
         why = "this MCP client cannot be asked (no elicitation support)"
@@ -322,7 +322,7 @@ class _ApprovalForm(BaseModel):
 
 
 def _approval_message(request: ApprovalRequest, code: str) -> str:
-    """The elicitation text: the request as every rendering shows it (ipybox._approvaltext), the code
+    """The elicitation text: the request as every rendering shows it (ipybox._approval._rendering), the code
     that made it, and what the answers do."""
     text = request_text(
         request,

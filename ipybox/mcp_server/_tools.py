@@ -29,6 +29,7 @@ from mcp_types import (
 )
 from pydantic import Field
 
+from ipybox._engine._results import CodeExecutionResult
 from ipybox._exceptions import (
     CodeExecutionError,
     ExecutionError,
@@ -37,16 +38,15 @@ from ipybox._exceptions import (
     KernelError,
     UsageError,
 )
-from ipybox._mcp import describe_server, parse_server_params
-from ipybox._results import CodeExecutionResult
+from ipybox._mcp._servers import describe_server, parse_server_params
 from ipybox._workspace import read_file, write_file
 from ipybox.codegen._codegen import generate_mcp_sources
-from ipybox.codegen._search import render_match_stubs
-from ipybox.codegen._search import search_tools as find_tools
 from ipybox.codegen._stubs import render_tool_stubs
-from ipybox.skills._stubs import render_skill_stubs
+from ipybox.codegen._toolsearch import render_match_stubs
+from ipybox.codegen._toolsearch import search_tools as find_tools
+from ipybox.skills._prompt import render_skill_stubs
 
-from ._config import ServerConfig
+from ._options import ServerConfig
 from ._sessions import Session, sessions_of
 
 __all__ = (

@@ -36,11 +36,11 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ipybox._approval import ApprovalDecision
+from ipybox._approval._decisions import ApprovalDecision
 from ipybox._exceptions import UsageError
 from ipybox._unixsocket import ServedSocket
 
-from ._http import Refused, Target, error_reply, read_head
+from ._head import Refused, Target, error_reply, read_head
 from ._policy import IPAddress, Network, NetworkEvent, parse_ip
 from ._quota import LogQuota
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ipybox._approval import ApprovalDecision, ApprovalRequest
-from ipybox._approvaltext import request_text, shown_name
+from ipybox._approval._decisions import ApprovalDecision, ApprovalRequest
+from ipybox._approval._rendering import request_text, shown_name
 
 from ._policy import parse_ip
 

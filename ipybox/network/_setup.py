@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ipybox._config import SandboxConfig
 from ipybox._exceptions import UsageError
+from ipybox._settings import SandboxConfig
 from ipybox_kernel._protocol import NET_SOCKET_ENV
 
 from ._policy import Network

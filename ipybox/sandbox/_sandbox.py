@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from ipybox._config import SandboxConfig
 from ipybox._exceptions import SandboxUnavailable, UsageError
+from ipybox._settings import SandboxConfig
 
 from ._seccomp import filter_pipe, syscall_filter
 

@@ -4,7 +4,7 @@ A skill lives in the executor's skills directory as ``<name>/SKILL.md`` and ``<n
 kernel code imports it as ``skills.<name>``. The public names are re-exported by `ipybox`.
 """
 
+from ._prompt import render_skill_stubs
 from ._store import Skill, list_skills, save_skill
-from ._stubs import render_skill_stubs
 
 __all__ = ("Skill", "list_skills", "render_skill_stubs", "save_skill")

@@ -23,7 +23,7 @@ from ipybox import (
     ToolCallEvent,
     ToolCallFinished,
 )
-from ipybox._policies import Approval
+from ipybox._approval._policies import Approval
 
 pytestmark = pytest.mark.anyio
 

@@ -1,6 +1,6 @@
 """Code left running by an earlier code action, making a request as the running one: the person is told.
 
-Under one "ask" policy for every code action, the policy memory of ipybox._gate has nothing to
+Under one "ask" policy for every code action, the policy memory of ipybox._engine._gate has nothing to
 refuse: a thread or process left by cell 1 that copies cell 2's execution id would be shown beside
 cell 2's code as if cell 2 made the call. The host sees such code in /proc for itself (never by
 asking the kernel) and says so on the request and in its text; cell 2's own calls, its own threads'
@@ -16,7 +16,7 @@ import pytest
 from approval_support import collect
 
 from ipybox import CodeExecutor
-from ipybox._approvaltext import LEFT_RUNNING_WARNING
+from ipybox._approval._rendering import LEFT_RUNNING_WARNING
 
 pytestmark = pytest.mark.anyio
 

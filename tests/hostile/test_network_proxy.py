@@ -21,7 +21,7 @@ import pytest
 from network_support import Sink, WebServer, exchange, proxy_log, serving
 
 from ipybox import ApprovalRequest, CodeExecutor, Network, NetworkEvent, UsageError
-from ipybox._approval import ApprovalDecision
+from ipybox._approval._decisions import ApprovalDecision
 from ipybox.network._proxy import NetworkProxy
 from ipybox.network._quota import BURST, INTERVAL
 

@@ -1,4 +1,4 @@
-"""Kernel code that forges the output marks a tool request waits for (ipybox._marks), or names one it
+"""Kernel code that forges the output marks a tool request waits for (ipybox._engine._outputmarks), or names one it
 never sends.
 
 Before it shows a call for approval, the host waits for the call's mark behind the output printed
@@ -18,7 +18,7 @@ import pytest
 from memory_support import reset_resident_peak, resident, resident_peak
 
 from ipybox import Approval, ApprovalRequest, CodeExecutionChunk, CodeExecutionResult, CodeExecutor
-from ipybox._marks import OUTPUT_MARK_WAIT
+from ipybox._engine._outputmarks import OUTPUT_MARK_WAIT
 
 pytestmark = pytest.mark.anyio
 

@@ -20,7 +20,7 @@ from ipybox import (
     ToolCallEvent,
     ToolCallRequested,
 )
-from ipybox._serverasks import MAX_ASKS_PER_CALL, MAX_MESSAGE_CHARS
+from ipybox._mcp._serverasks import MAX_ASKS_PER_CALL, MAX_MESSAGE_CHARS
 from ipybox.testing import InProcessKernel
 
 pytestmark = pytest.mark.anyio

@@ -23,9 +23,9 @@ from typing import Any, Literal
 import anyio
 import pytest
 
-from ipybox._approval import ApprovalDecision
+from ipybox._approval._decisions import ApprovalDecision
 from ipybox._kernel._process import wait_for_exit as process_exit
-from ipybox._mcp import HttpServer, StdioServer
+from ipybox._mcp._servers import HttpServer, StdioServer
 from ipybox._toolserver._channel import ToolRequest
 from ipybox._toolserver._server import ToolServer
 
@@ -46,7 +46,7 @@ __all__ = (
 )
 
 SERVER_SCRIPT = Path(__file__).with_name("test_server.py")
-# A server whose tools elicit, sample and list roots during the call (ipybox._serverasks).
+# A server whose tools elicit, sample and list roots during the call (ipybox._mcp._serverasks).
 ASKING_SERVER_SCRIPT = Path(__file__).with_name("asking_server.py")
 
 # A cold `import mcp` plus uvicorn's start on a loaded 2-core machine stays well below this.

@@ -47,7 +47,7 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 from pydantic import ValidationError
 
 from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutor, Execution, ExecutionLost, UsageError
-from ipybox._approvaltext import safe_json
+from ipybox._approval._rendering import safe_json
 from ipybox.integrations._core import ActionOutcome, ApprovalPayload, drive, start_or_attach
 from ipybox_kernel._search import tool_index
 

@@ -1,0 +1,241 @@
+"""The MCP SDK's OAuth providers, as ipybox uses them (see `ipybox._mcp._oauth`).
+
+Separate from `ipybox._mcp._oauth` because it imports the SDK's auth stack, which only a connection to
+an OAuth server needs.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from collections.abc import AsyncGenerator
+from typing import TYPE_CHECKING, Any
+
+import httpx2
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.auth.extensions.client_credentials import (
+    ClientCredentialsOAuthProvider,
+    PrivateKeyJWTOAuthProvider,
+    SignedJWTParameters,
+)
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from mcp.shared.auth_utils import resource_url_from_server_url
+from pydantic import AnyUrl, ValidationError
+
+from ipybox._exceptions import UsageError
+
+from ._oauth import AuthFailures, AuthorizationRequest, OAuth, person_waiting, printable
+from ._tokenstore import TokenStore
+
+if TYPE_CHECKING:
+    from ._servers import HttpServer
+
+__all__ = ("build_provider", "parse_callback")
+
+
+class _StoreAdapter:
+    """The SDK's ``TokenStorage`` over an ipybox `TokenStore` record.
+
+    The token's expiry is kept as an absolute time: the SDK keeps it only in memory, so a token
+    loaded from storage would never count as expired and would be sent instead of refreshed.
+    """
+
+    def __init__(self, store: TokenStore, url: str, redirect_uri: str | None) -> None:
+        self.store = store
+        self.url = url
+        self.redirect_uri = redirect_uri
+        self.expires_at: float | None = None
+        self.fixed_client: OAuthClientInformationFull | None = None
+
+    def _record(self) -> dict[str, Any]:
+        return dict(self.store.load(self.url) or {})
+
+    async def get_tokens(self) -> OAuthToken | None:
+        record = self._record()
+        expires = record.get("expires_at")
+        self.expires_at = float(expires) if isinstance(expires, int | float) else None
+        try:
+            return OAuthToken.model_validate(record["tokens"]) if record.get("tokens") else None
+        except ValidationError:
+            return None
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        record = self._record()
+        record["tokens"] = tokens.model_dump(mode="json", exclude_none=True)
+        record["expires_at"] = time.time() + tokens.expires_in if tokens.expires_in is not None else None
+        self.store.save(self.url, record)
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        if self.fixed_client is not None:
+            return self.fixed_client
+        raw = self._record().get("client")
+        if not raw:
+            return None
+        try:
+            info = OAuthClientInformationFull.model_validate(raw)
+        except ValidationError:
+            return None
+        # A client registered for another redirect URI (another loopback port, an earlier
+        # configuration) would be refused by the authorization server: register again instead.
+        uris = {str(uri) for uri in info.redirect_uris or ()}
+        if self.redirect_uri is not None and uris and self.redirect_uri not in uris:
+            return None
+        return info
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        record = self._record()
+        record["client"] = client_info.model_dump(mode="json", exclude_none=True)
+        self.store.save(self.url, record)
+
+
+class _IpyboxProvider(OAuthClientProvider):
+    """What ipybox adds to each SDK provider: the stored expiry, and failures that are reported."""
+
+    ipybox_failures: AuthFailures
+
+    async def _initialize(self) -> None:
+        await super()._initialize()
+        storage = self.context.storage
+        if isinstance(storage, _StoreAdapter) and storage.expires_at is not None:
+            self.context.token_expiry_time = storage.expires_at
+
+    async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        flow = super()._auth_flow(request)
+        try:
+            outgoing = await flow.__anext__()
+            while True:
+                response = yield outgoing
+                outgoing = await flow.asend(response)
+        except StopAsyncIteration:
+            return
+        except Exception as exc:
+            self.ipybox_failures.record(exc)
+            # The SDK's transport would drop this exception and leave the MCP request waiting for
+            # ever; sent again without a token, the server's own refusal answers it now, and the
+            # recorded error says why (`HttpRefusals.explain`).
+            request.headers.pop("Authorization", None)
+            yield request
+        finally:
+            await flow.aclose()
+
+
+class _ClientCredentials(_IpyboxProvider, ClientCredentialsOAuthProvider):
+    pass
+
+
+class _PrivateKeyJWT(_IpyboxProvider, PrivateKeyJWTOAuthProvider):
+    pass
+
+
+def build_provider(name: str, params: HttpServer, oauth: OAuth) -> httpx2.Auth:
+    """The SDK provider for server ``name`` (placeholders resolved), storing in ``oauth.store``.
+
+    Raises:
+        UsageError: The OAuth parameters do not fit together.
+    """
+    settings = params.oauth
+    assert settings is not None
+    key = resource_url_from_server_url(params.url)
+    provider: _IpyboxProvider
+    if settings.grant == "client_credentials":
+        storage = _StoreAdapter(oauth.store, key, None)
+        if settings.client_id is None:
+            raise UsageError(f"MCP server {name!r}: the client_credentials grant needs oauth.client_id")
+        if settings.private_key is not None:
+            jwt = SignedJWTParameters(
+                issuer=settings.client_id,
+                subject=settings.client_id,
+                signing_key=settings.private_key,
+                signing_algorithm=settings.signing_algorithm,
+            )
+            provider = _PrivateKeyJWT(
+                server_url=params.url,
+                storage=storage,
+                client_id=settings.client_id,
+                assertion_provider=jwt.create_assertion_provider(),
+                scope=settings.scope,
+                issuer=settings.issuer,
+            )
+        else:
+            method = settings.token_endpoint_auth_method or "client_secret_basic"
+            if settings.client_secret is None or method not in ("client_secret_basic", "client_secret_post"):
+                raise UsageError(
+                    f"MCP server {name!r}: the client_credentials grant needs oauth.client_secret (write it as "
+                    "'${VAR}') with client_secret_basic or client_secret_post, or oauth.private_key"
+                )
+            provider = _ClientCredentials(
+                server_url=params.url,
+                storage=storage,
+                client_id=settings.client_id,
+                client_secret=settings.client_secret,
+                token_endpoint_auth_method=method,
+                scope=settings.scope,
+                issuer=settings.issuer,
+            )
+        provider.ipybox_failures = AuthFailures()
+        return provider
+
+    redirect_uri = settings.redirect_uri
+    storage = _StoreAdapter(oauth.store, key, redirect_uri)
+    if settings.client_id is not None:
+        # A pre-registered client stands where a registration would be kept.
+        storage.fixed_client = OAuthClientInformationFull(
+            client_id=settings.client_id,
+            client_secret=settings.client_secret,
+            redirect_uris=[AnyUrl(redirect_uri)],
+            token_endpoint_auth_method=settings.token_endpoint_auth_method
+            or ("client_secret_basic" if settings.client_secret else "none"),
+            grant_types=["authorization_code", "refresh_token"],
+            issuer=settings.issuer,
+        )
+    codes: list[AuthorizationCodeResult] = []
+
+    async def redirect(url: str) -> None:
+        if oauth.authorize is None:
+            raise UsageError(
+                f"MCP server {name!r} needs a person to authorize ipybox, and no authorize callback was given: "
+                f"run 'ipybox generate {name} --url {params.url} --oauth' once (or pass OAuth(authorize=...))"
+            )
+        with person_waiting():
+            landed = await oauth.authorize(AuthorizationRequest(name, url, redirect_uri))
+        codes.append(parse_callback(landed, redirect_uri))
+
+    async def callback() -> AuthorizationCodeResult:
+        return codes.pop()
+
+    provider = _IpyboxProvider(
+        server_url=params.url,
+        client_metadata=OAuthClientMetadata(
+            client_name=settings.client_name,
+            redirect_uris=[AnyUrl(redirect_uri)],
+            grant_types=["authorization_code", "refresh_token"],
+            response_types=["code"],
+            scope=settings.scope,
+            token_endpoint_auth_method=settings.token_endpoint_auth_method,
+        ),
+        storage=storage,
+        redirect_handler=redirect,
+        callback_handler=callback,
+        client_metadata_url=settings.client_metadata_url,
+    )
+    provider.ipybox_failures = AuthFailures()
+    return provider
+
+
+def parse_callback(landed: str, redirect_uri: str) -> AuthorizationCodeResult:
+    """The code, state and issuer of the URL the browser was sent back to (the SDK checks the state).
+
+    Raises:
+        UsageError: The authorization server sent an error, or the URL has no code.
+    """
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(landed).query)
+    if "error" in query:
+        description = query.get("error_description", [""])[0]
+        raise UsageError(
+            f"the authorization server refused: {printable(query['error'][0], 60)}"
+            + (f" ({printable(description, 200)})" if description else "")
+        )
+    codes = query.get("code")
+    if not codes:
+        raise UsageError(f"the URL the browser was sent back to has no 'code' (expected {redirect_uri}?code=...)")
+    return AuthorizationCodeResult(code=codes[0], state=query.get("state", [None])[0], iss=query.get("iss", [None])[0])

@@ -1,0 +1,209 @@
+"""Checking a tool call's arguments (and a tool's structured result) against the tool's schema, safely
+for the host.
+
+The schema comes from an MCP server (a remote one is untrusted) and the arguments from kernel code
+(the result from the server): either may be built to make the check hang or crash the host. The
+MCP SDK's own check of results runs Python's ``re`` on the server's patterns in the host's event
+loop, so ipybox's sessions check results here instead (``ipybox._mcp._servers``). So the check is bounded:
+
+- a schema larger than `MAX_SCHEMA_CHARS` of JSON or nested deeper than `MAX_SCHEMA_DEPTH` is not
+  used: the call is refused, saying why;
+- regular expressions (``pattern``, ``patternProperties``, and ``additionalProperties`` next to
+  them) run on RE2, whose time is linear in the input, never on Python's backtracking ``re``; a
+  pattern RE2 cannot read (lookaround, backreferences) or that needs more than `REGEX_MEMORY` bytes
+  is not used to refuse anything;
+- ``uniqueItems`` compares canonical JSON texts by hashing, linear in the items;
+- every keyword evaluated counts against `MAX_STEPS` (``anyOf`` over recursive ``$ref`` grows
+  exponentially with nesting); past it, or past `MAX_SECONDS`, or on endless ``$ref`` recursion,
+  the call is refused as too costly to check;
+- ``$ref`` resolves within the schema only: nothing is fetched;
+- ``unevaluatedProperties``/``unevaluatedItems`` and ``format`` are left to the server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
+from functools import cache
+from typing import Any, cast
+
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
+import re2
+import referencing.exceptions
+
+__all__ = ("MAX_SCHEMA_CHARS", "MAX_SCHEMA_DEPTH", "MAX_STEPS", "regex_search", "schema_problem", "value_problem")
+
+MAX_SCHEMA_CHARS = 1_000_000
+MAX_SCHEMA_DEPTH = 64
+MAX_STEPS = 100_000
+MAX_SECONDS = 1.0
+REGEX_MEMORY = 8 << 20
+# Characters of the schema's complaint the kernel code is told.
+_MESSAGE_CHARS = 400
+
+# jsonschema's types are partly unknown to pyright: reached through this.
+_jsonschema: Any = jsonschema
+
+_steps: ContextVar[list[float]] = ContextVar("_steps")
+
+
+class _TooCostly(Exception):
+    pass
+
+
+@cache
+def _compiled(pattern: str) -> Any:
+    """The RE2 program for ``pattern``, or None when RE2 cannot read it."""
+    options: Any = re2.Options()
+    options.log_errors = False
+    options.max_mem = REGEX_MEMORY
+    try:
+        return re2.compile(pattern, options)  # pyright: ignore[reportUnknownMemberType]
+    except Exception:  # re2.error: a pattern RE2 cannot read (lookaround, backreferences, too big)
+        return None
+
+
+def regex_search(pattern: str, text: str) -> bool | None:
+    """Whether ``pattern`` (a JSON schema regex) matches somewhere in ``text``, in time linear in
+    ``text``; None when RE2 cannot read the pattern."""
+    program = _compiled(pattern)
+    if program is None:
+        return None
+    return program.search(text) is not None
+
+
+def _pattern(validator: Any, pattern: Any, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
+    if isinstance(instance, str) and isinstance(pattern, str) and regex_search(pattern, instance) is False:
+        yield jsonschema.ValidationError(f"the text does not match the pattern {pattern!r}")
+
+
+def _pattern_properties(validator: Any, patterns: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    if not isinstance(instance, dict) or not isinstance(patterns, dict):
+        return
+    for pattern, subschema in cast("dict[str, Any]", patterns).items():
+        for key, value in cast("dict[str, Any]", instance).items():
+            if regex_search(str(pattern), key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(validator: Any, extra_schema: Any, instance: Any, schema: Any) -> Iterator[Any]:
+    if not isinstance(instance, dict):
+        return
+    declared: object = schema.get("properties", {})
+    patterns = [str(p) for p in cast("dict[object, object]", schema.get("patternProperties", {}) or {})]
+    extras: list[str] = []
+    for key in cast("dict[str, Any]", instance):
+        if isinstance(declared, dict) and key in declared:
+            continue
+        # A pattern RE2 cannot read may match: the key is not counted as extra.
+        if any(regex_search(p, key) is not False for p in patterns):
+            continue
+        extras.append(key)
+    if isinstance(extra_schema, dict):
+        for key in extras:
+            yield from validator.descend(instance[key], extra_schema, path=key)
+    elif extra_schema is False and extras:
+        yield jsonschema.ValidationError(f"keys the schema does not allow: {', '.join(map(repr, sorted(extras)))}")
+
+
+def _unique_items(validator: Any, unique: Any, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
+    if unique is True and isinstance(instance, list):
+        items = cast("list[Any]", instance)
+        seen = {json.dumps(item, sort_keys=True, default=repr) for item in items}
+        if len(seen) != len(items):
+            yield jsonschema.ValidationError("the array has repeated items")
+
+
+def _not_checked(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[jsonschema.ValidationError]:
+    return iter(())
+
+
+_REPLACED: dict[str, Callable[..., Iterator[Any]]] = {
+    "pattern": _pattern,
+    "patternProperties": _pattern_properties,
+    "additionalProperties": _additional_properties,
+    "uniqueItems": _unique_items,
+    "unevaluatedProperties": _not_checked,
+    "unevaluatedItems": _not_checked,
+}
+
+
+def _counted(keyword: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    def run(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+        budget = _steps.get()
+        budget[0] += 1
+        if budget[0] > MAX_STEPS or (budget[0] % 1000 == 0 and time.monotonic() > budget[1]):
+            raise _TooCostly
+        return keyword(validator, value, instance, schema)
+
+    return run
+
+
+@cache
+def _safe_validator(base: type[Any]) -> type[Any]:
+    keywords = {**cast("dict[str, Callable[..., Iterator[Any]]]", base.VALIDATORS), **_REPLACED}
+    counted = {name: _counted(function) for name, function in keywords.items()}
+    return cast("type[Any]", _jsonschema.validators.extend(base, counted))
+
+
+def _too_big(schema: Mapping[str, Any]) -> str | None:
+    try:
+        size = len(json.dumps(schema, default=repr))
+    except (ValueError, RecursionError):
+        return "it cannot be written as JSON"
+    if size > MAX_SCHEMA_CHARS:
+        return f"it is {size:,} characters of JSON, over ipybox's limit of {MAX_SCHEMA_CHARS:,}"
+    stack: list[tuple[object, int]] = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            return f"it is nested deeper than ipybox's limit of {MAX_SCHEMA_DEPTH} levels"
+        if isinstance(node, Mapping):
+            stack += [(child, depth + 1) for child in cast("Mapping[str, object]", node).values()]
+        elif isinstance(node, list):
+            stack += [(child, depth + 1) for child in cast("list[object]", node)]
+    return None
+
+
+def value_problem(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
+    """Why ``arguments`` do not fit the tool's input ``schema`` (what the kernel code is told), or None
+    when they fit or the schema gives no certain answer (an invalid schema, a ``$ref`` it cannot resolve)."""
+    return schema_problem(schema, dict(arguments), "input", "the arguments")
+
+
+def schema_problem(schema: Mapping[str, Any], instance: object, which: str, what: str) -> str | None:
+    """Why ``instance`` (``what``, e.g. "the arguments") does not fit the tool's ``which`` ("input",
+    "output") ``schema``, within the bounds above; None when it fits or the schema gives no certain answer."""
+    too_big = _too_big(schema)
+    if too_big is not None:
+        return f"the tool's {which} schema is too large for ipybox to check {what} against ({too_big})"
+    try:
+        base: Any = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        base.check_schema(dict(schema))
+    except (jsonschema.exceptions.SchemaError, referencing.exceptions.Unresolvable, RecursionError):
+        return None  # not a schema ipybox can judge by: the server checks
+    validator = _safe_validator(base)(schema)
+    token = _steps.set([0, time.monotonic() + MAX_SECONDS])
+    try:
+        error: Any = _jsonschema.exceptions.best_match(validator.iter_errors(instance))
+    except (_TooCostly, RecursionError):
+        return (
+            f"checking {what} against the tool's {which} schema took more than ipybox allows "
+            f"({MAX_STEPS:,} steps or {MAX_SECONDS:g} s)"
+        )
+    except (referencing.exceptions.Unresolvable, jsonschema.exceptions.SchemaError):
+        return None
+    finally:
+        _steps.reset(token)
+    if error is None:
+        return None
+    parts: list[object] = list(cast("list[object]", error.absolute_path))
+    where = "".join(f"[{json.dumps(part)}]" for part in parts) or what
+    message = str(cast("object", error.message))
+    if len(message) > _MESSAGE_CHARS:
+        message = f"{message[:_MESSAGE_CHARS]}... ({len(message) - _MESSAGE_CHARS:,} more characters)"
+    return f"{where}: {message}"
