@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+from ._lazy import lazy_names as _lazy_names
 
 if TYPE_CHECKING:
     from ._approval._decisions import ApprovalCallback as ApprovalCallback
@@ -224,6 +225,7 @@ __all__ = (
 # Hidden from type checkers, which would otherwise accept any attribute of the package as Any
 # rather than only the names imported above.
 if not TYPE_CHECKING:
+    _lazy_getattr = _lazy_names(__name__, _LAZY)
 
     def __getattr__(name: str) -> Any:
         if name == "__version__":
@@ -233,11 +235,8 @@ if not TYPE_CHECKING:
             from importlib.metadata import version
 
             value = version("ipybox")
-        elif name in _LAZY:
-            value = getattr(import_module(_LAZY[name], __name__), name)
         else:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        # Cached in the module's globals, so later lookups never reach this function.
+            return _lazy_getattr(name)
         globals()[name] = value
         return value
 

@@ -17,6 +17,7 @@ FAST = {
     "tests/test_names.py",
     "tests/test_release.py",
     "tests/test_public_api.py",
+    "tests/test_layout.py",
     "tests/test_testing.py",
     "tests/test_zmtp.py",
     "tests/test_config_errors.py",

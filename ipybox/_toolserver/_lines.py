@@ -2,7 +2,7 @@
 
 Everything here handles bytes from kernel code, which is untrusted: a line is bounded
 (`MAX_LINE_BYTES`), and so is what all connections hold together (`MAX_BUFFERED_BYTES`). What the
-lines mean is `._request`'s and `._server`'s business; binding and accepting is `ipybox._unixsocket`'s.
+lines mean is `._parse`'s and `._server`'s business; binding and accepting is `ipybox._unixsocket`'s.
 """
 
 from __future__ import annotations

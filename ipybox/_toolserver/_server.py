@@ -17,8 +17,8 @@ not be able to start host processes by asking), so the gate sees a tool's annota
 schema only once its server has listed its tools; for the first call to a server they are None,
 and the forbidden-key check of step 3 happens in step 5, before the call is made.
 
-The bytes on the socket are `._lines`'s business, turning a line into a request `._request`'s, the
-MCP sessions `._sessions`'s; every failure of a call passes through `._errors.tool_errors` and
+The bytes on the socket are `._lines`'s business, turning a line into a request `._parse`'s, the
+MCP sessions `._registry`'s; every failure of a call passes through `._boundary.tool_errors` and
 becomes its error reply.
 
 Everything on the socket comes from kernel code, which is untrusted: whatever one request or

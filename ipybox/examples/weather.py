@@ -12,6 +12,8 @@ from mcp.server.mcpserver import MCPServer
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
+__all__ = ("get_forecast", "list_cities", "send_report", "server")
+
 server = MCPServer("weather", instructions="Made-up, deterministic weather for a handful of cities.")
 
 CITIES = {

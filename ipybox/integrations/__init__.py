@@ -9,3 +9,5 @@ One module per framework, each imported on its own and needing its extra:
 Each turns the MCP tool calls made by the running code into that framework's own human-in-the-loop
 approvals. Importing this package imports no framework.
 """
+
+__all__ = ()

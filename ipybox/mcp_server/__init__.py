@@ -1,16 +1,18 @@
 """ipybox as an MCP server: code actions in a sandboxed kernel per MCP session, with approved tool calls.
 
-Run it with ``ipybox mcp`` or ``python -m ipybox.mcp_server``. ``_config`` holds the options and
+Run it with ``ipybox mcp`` or ``python -m ipybox.mcp_server``. ``_options`` holds the options and
 `ServerConfig` (light: ``ipybox --help`` reads it), ``_sessions`` a session's executor and the
-approval of its tool calls, ``_server`` the server (`build_server`), ``_tools`` the MCP tools it
-serves, ``_http`` the transports and the command line. The names below are imported on first use,
+approval of its tool calls, ``_build`` the server (`build_server`), ``_tools`` the MCP tools it
+serves, ``_transports`` the transports and the command line, ``_eventstore`` the events kept for
+stream resumption. The names below are imported on first use,
 so importing this package does not load the MCP server stack.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ipybox._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._build import build_server as build_server
@@ -30,10 +32,4 @@ _LAZY = {
 __all__ = ("ServerConfig", "build_server", "main", "run_parsed", "serve")
 
 if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> Any:
-        if name not in _LAZY:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        value = getattr(import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
+    __getattr__ = lazy_names(__name__, _LAZY)

@@ -7,7 +7,7 @@ private directory (mounted read-only into the sandbox, like the tool socket). Pe
 proxy
 
 1. checks the executor's token (the connection's first line) and that a code action is running,
-2. reads one HTTP/1.1 request head with h11 (`._http`): ``CONNECT host:port`` (a tunnel: TLS
+2. reads one HTTP/1.1 request head with h11 (`._head`): ``CONNECT host:port`` (a tunnel: TLS
    stays end-to-end, nothing is intercepted) or an absolute-form ``GET http://host/...``,
 3. decides: listed in `Network.allow`, allowed for the executor by an earlier answer, or else
    denied or asked (a `NetworkRequest` through the executor's approval machinery),
