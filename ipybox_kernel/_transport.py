@@ -160,6 +160,15 @@ def _checkout(path: str) -> _Connection:
     return _Connection(path)
 
 
+def close_connections(path: str) -> None:
+    """Close the idle connections to the tool server at ``path``, which has gone (an in-process kernel stopped)."""
+    with _pool_lock:
+        gone = [c for c in _pool if c.path == path]
+        _pool[:] = [c for c in _pool if c.path != path]
+    for connection in gone:
+        connection.close()
+
+
 def _checkin(connection: _Connection) -> None:
     with _pool_lock:
         if len(_pool) < _IDLE_CONNECTIONS and connection.pid == os.getpid():

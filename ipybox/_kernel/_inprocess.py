@@ -66,7 +66,7 @@ from ipybox._exceptions import KernelDied, KernelStartError, UsageError
 from ipybox._kernel._home import IMPORT_ROOT
 from ipybox._settings import KernelSettings
 from ipybox_kernel._protocol import EXECUTION_ENV, SOCKET_ENV, TOKEN_ENV
-from ipybox_kernel._transport import IN_PROCESS, InProcess
+from ipybox_kernel._transport import IN_PROCESS, InProcess, close_connections
 
 from ._handle import KernelHandle
 from ._messages import Display, Error, KernelEvent, Mark, Reply, Stream
@@ -326,6 +326,8 @@ class InProcessShell:
             with anyio.CancelScope(shield=True):
                 await kernel.kill_and_wait()
             kernel._leave_imports()
+            # This process holds the kernel's idle tool connections: they end with the kernel.
+            close_connections(str(tool_socket))
             with _live_lock:
                 _live.discard(kernel)
                 last = not _live
