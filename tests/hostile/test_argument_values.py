@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, StdioServer
+from ipybox._mcp import _schemacheck
 
 pytestmark = pytest.mark.anyio
 
@@ -117,3 +119,25 @@ async def test_a_structured_result_built_for_a_catastrophic_output_pattern_is_re
     assert refused[0] == "ToolExecutionError" and "does not match the pattern" in refused[1], refused
     assert fine == ["ran", "redos_output"]
     assert [r.tool_name for r in requests] == ["redos_output", "redos_output"]
+
+
+async def test_calls_to_a_listed_tool_check_against_a_validator_made_once(
+    ex: CodeExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, warm = await accept_all(ex, CODE.format(calls=json.dumps([["strict", {"count": 1}]])))
+    assert json.loads(warm.text) == ["ran", "strict"]
+    prepared: list[object] = []
+    prepare = _schemacheck._prepare
+
+    def counted(schema: Mapping[str, Any]) -> Any:
+        prepared.append(schema)
+        return prepare(schema)
+
+    monkeypatch.setattr(_schemacheck, "_prepare", counted)
+    calls = [["strict", {"count": n}] for n in range(5)] + [["strict", {"count": 11}]]
+    requests, result = await accept_all(ex, CODE.format(calls=json.dumps(calls)))
+    lines = [json.loads(line) for line in result.text.splitlines()]
+    assert lines[:5] == [["ran", "strict"]] * 5 and "greater than the maximum" in lines[5][1]
+    assert len(requests) == 5
+    # Six checks before approval, against the schema the warm-up call listed: none made a validator.
+    assert prepared == []
