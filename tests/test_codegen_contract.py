@@ -186,6 +186,27 @@ def wrapped(schema: Any) -> dict[str, Any]:
             id="unevaluatedProperties next to allOf",
         ),
         pytest.param(
+            {
+                "allOf": [{"prefixItems": [{"type": "string"}]}, {"unevaluatedItems": True}],
+                "unevaluatedItems": False,
+            },
+            [["foo"], ["foo", 42, True]],
+            id="nested unevaluatedItems in allOf",
+        ),
+        pytest.param(
+            {
+                "allOf": [{"contains": {"multipleOf": 2}}, {"contains": {"multipleOf": 3}}],
+                "unevaluatedItems": {"multipleOf": 5},
+            },
+            [[2, 3, 4, 5, 6]],
+            id="unevaluatedItems after contains in allOf",
+        ),
+        pytest.param(
+            {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]},
+            [{"a": 1}, [1], "s", None],
+            id="typeless allOf branches admit every type",
+        ),
+        pytest.param(
             {"type": "object", "patternProperties": {"^x-": {"type": "string"}}}, [{"other": 1}], id="pattern-keyed map"
         ),
         pytest.param(
@@ -216,6 +237,14 @@ def test_a_false_branch_of_all_of_still_gets_a_typed_model_that_checks_the_rest(
     module = tool_module(tmp_path, wrapped({"allOf": [{"type": "integer", "minimum": 1}, False]}))
     with pytest.raises(ValidationError):
         module._arguments({"x": "1"})
+
+
+def test_typeless_all_of_branches_merged_by_type_still_check_each_type(tmp_path: Path) -> None:
+    schema = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"required": ["a"]}, {"maxItems": 1}]}
+    module = tool_module(tmp_path, wrapped(schema))
+    for bad in ({"a": "1"}, {"b": 1}, [1, 2]):
+        with pytest.raises(ValidationError):
+            module._arguments({"x": bad})
 
 
 def test_pattern_properties_next_to_a_closed_object_accept_matching_keys(tmp_path: Path) -> None:
