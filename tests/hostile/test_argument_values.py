@@ -141,3 +141,28 @@ async def test_calls_to_a_listed_tool_check_against_a_validator_made_once(
     assert len(requests) == 5
     # Six checks before approval, against the schema the warm-up call listed: none made a validator.
     assert prepared == []
+
+
+async def test_a_new_listing_replaces_the_kept_checks_of_the_old_one(
+    ex: CodeExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepared: list[Mapping[str, Any]] = []
+    prepare = _schemacheck._prepare
+
+    def counted(schema: Mapping[str, Any]) -> Any:
+        prepared.append(schema)
+        return prepare(schema)
+
+    monkeypatch.setattr(_schemacheck, "_prepare", counted)
+    _, warm = await accept_all(ex, CODE.format(calls=json.dumps([["strict", {"count": 1}]])))
+    assert json.loads(warm.text) == ["ran", "strict"] and len(prepared) == 1
+    # A tool the listing lacks makes the tool server list the server's tools again.
+    calls: list[list[object]] = [["no_such_tool", {}], ["strict", {"count": 2}], ["strict", {"count": 3}]]
+    _, result = await accept_all(ex, CODE.format(calls=json.dumps(calls)))
+    lines = [json.loads(line) for line in result.text.splitlines()]
+    assert "has no tool named 'no_such_tool'" in lines[0][1] and lines[1:] == [["ran", "strict"]] * 2
+    # The new listing's schema is a new object, prepared once; the old one's entry is dropped.
+    old, new = prepared
+    assert old == new and old is not new
+    held = [entry.schema for entry in _schemacheck._CHECKS._entries.values()]
+    assert any(schema is new for schema in held) and not any(schema is old for schema in held)
