@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from schemacheck_support import record_preparations
 
 from ipybox._mcp import _schemacheck
 from ipybox._mcp._schemacheck import SchemaChecks, forget_schemas, schema_problem, value_problem
@@ -22,16 +23,7 @@ def strict_schema() -> dict[str, Any]:
 
 @pytest.fixture
 def preparations(monkeypatch: pytest.MonkeyPatch) -> list[Mapping[str, Any]]:
-    """Every schema prepared from now on (the real preparation runs; this only records it)."""
-    seen: list[Mapping[str, Any]] = []
-    prepare = _schemacheck._prepare
-
-    def counted(schema: Mapping[str, Any]) -> Any:
-        seen.append(schema)
-        return prepare(schema)
-
-    monkeypatch.setattr(_schemacheck, "_prepare", counted)
-    return seen
+    return record_preparations(monkeypatch)
 
 
 def test_a_second_check_against_the_same_schema_does_not_prepare_it_again(

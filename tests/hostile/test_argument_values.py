@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
+from schemacheck_support import record_preparations
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, StdioServer
 from ipybox._mcp import _schemacheck
@@ -126,14 +126,7 @@ async def test_calls_to_a_listed_tool_check_against_a_validator_made_once(
 ) -> None:
     _, warm = await accept_all(ex, CODE.format(calls=json.dumps([["strict", {"count": 1}]])))
     assert json.loads(warm.text) == ["ran", "strict"]
-    prepared: list[object] = []
-    prepare = _schemacheck._prepare
-
-    def counted(schema: Mapping[str, Any]) -> Any:
-        prepared.append(schema)
-        return prepare(schema)
-
-    monkeypatch.setattr(_schemacheck, "_prepare", counted)
+    prepared = record_preparations(monkeypatch)
     calls = [["strict", {"count": n}] for n in range(5)] + [["strict", {"count": 11}]]
     requests, result = await accept_all(ex, CODE.format(calls=json.dumps(calls)))
     lines = [json.loads(line) for line in result.text.splitlines()]
@@ -146,14 +139,7 @@ async def test_calls_to_a_listed_tool_check_against_a_validator_made_once(
 async def test_a_new_listing_replaces_the_kept_checks_of_the_old_one(
     ex: CodeExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    prepared: list[Mapping[str, Any]] = []
-    prepare = _schemacheck._prepare
-
-    def counted(schema: Mapping[str, Any]) -> Any:
-        prepared.append(schema)
-        return prepare(schema)
-
-    monkeypatch.setattr(_schemacheck, "_prepare", counted)
+    prepared = record_preparations(monkeypatch)
     _, warm = await accept_all(ex, CODE.format(calls=json.dumps([["strict", {"count": 1}]])))
     assert json.loads(warm.text) == ["ran", "strict"] and len(prepared) == 1
     # A tool the listing lacks makes the tool server list the server's tools again.
