@@ -8,8 +8,10 @@ times whole calls from a real kernel; this one takes the path apart, with no ker
 - ``mcp raw``: ``ClientSession.call_tool("get-sum")`` on server-everything over stdio, back to back
   in this process. The floor under everything else: the MCP SDK plus the Node server.
 - host stages: each step the ToolServer takes for one request, timed alone in a loop (parse and
-  token, request validation, the tool's annotations, the approval gate as ``CodeExecutor`` runs it with
-  ``approval="auto"``, result conversion, reply encoding).
+  token, request validation, the arguments' check against the input schema, also with its
+  validator made for each call as before it was kept per schema, the tool's annotations, the
+  approval gate as ``CodeExecutor`` runs it with ``approval="auto"``, result conversion, reply
+  encoding).
 - ``channel``: a client process calling a host built-in tool that returns at once through the
   kernel stub (``ipybox_kernel.call_tool``): socket, ToolServer, gate, stub, no MCP server.
 - ``chain``: the same client calling server-everything's ``get-sum``, through the stub, then
@@ -43,9 +45,11 @@ from mcp import types as mcp_types
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox._approval._decisions import ApprovalDecision, ApprovalRequest
 from ipybox._approval._policies import decide_by_policy
+from ipybox._mcp._schemacheck import schema_problem
 from ipybox._mcp._servers import StdioServer, open_session
 from ipybox._toolserver._channel import ToolRequest, ToolResultReply
 from ipybox._toolserver._parse import parse_request
+from ipybox._toolserver._registry import check_arguments
 from ipybox._toolserver._server import ToolServer
 
 __all__ = ("main",)
@@ -146,6 +150,12 @@ async def host_stages(calls: int, result: mcp_types.CallToolResult, spec: mcp_ty
     stages["ToolRequest.model_validate"] = _loop(lambda: ToolRequest.model_validate(fields), calls)
 
     stages["parse_request (all of the above)"] = _loop(lambda: parse_request(line, expected), calls)
+    # The check of the arguments against the listed input schema, with the validator kept per schema
+    # (what the tool server does), and made for each call (what it did before the cache).
+    stages["check_arguments"] = _loop(lambda: check_arguments(spec.input_schema, parsed), calls)
+    stages["  same, validator made each call"] = _loop(
+        lambda: schema_problem(spec.input_schema, parsed.arguments, "input", "the arguments", listed=False), calls
+    )
 
     def dump_annotations() -> dict[str, Any] | None:
         return spec.annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if spec.annotations else None

@@ -74,6 +74,9 @@ def tool_arguments(
 ) -> dict[str, Any]:
     """Validate ``params`` with ``model`` and return the arguments to send, as JSON data.
 
+    A ``Params`` instance is validated again from the fields its caller set: values assigned or
+    changed in place after it was made are checked as construction checks them.
+
     Args:
         model: The tool module's ``Params``.
         params: A ``Params`` instance, a dict of arguments, or None for no arguments.
@@ -84,12 +87,14 @@ def tool_arguments(
             object that forbids them names the closest declared key.
     """
     if isinstance(params, model):
-        validated = params
-    else:
-        try:
-            validated = model.model_validate({} if params is None else params)
-        except ValidationError as exc:
-            raise _suggesting(exc, model) from None
+        # pydantic checks values when a model is made, not when a field is assigned or a list or
+        # dict in it is changed in place, nor in model_construct: what the caller set is checked
+        # again, as a dict of arguments would be, so what is sent is what the schema accepts.
+        params = params.model_dump(by_alias=True, exclude_unset=True, warnings=False)
+    try:
+        validated = model.model_validate({} if params is None else params)
+    except ValidationError as exc:
+        raise _suggesting(exc, model) from None
     undeclared: list[str] = []
     _find_undeclared(validated, (), undeclared)
     for where in undeclared:

@@ -186,6 +186,27 @@ def wrapped(schema: Any) -> dict[str, Any]:
             id="unevaluatedProperties next to allOf",
         ),
         pytest.param(
+            {
+                "allOf": [{"prefixItems": [{"type": "string"}]}, {"unevaluatedItems": True}],
+                "unevaluatedItems": False,
+            },
+            [["foo"], ["foo", 42, True]],
+            id="nested unevaluatedItems in allOf",
+        ),
+        pytest.param(
+            {
+                "allOf": [{"contains": {"multipleOf": 2}}, {"contains": {"multipleOf": 3}}],
+                "unevaluatedItems": {"multipleOf": 5},
+            },
+            [[2, 3, 4, 5, 6]],
+            id="unevaluatedItems after contains in allOf",
+        ),
+        pytest.param(
+            {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]},
+            [{"a": 1}, [1], "s", None],
+            id="typeless allOf branches admit every type",
+        ),
+        pytest.param(
             {"type": "object", "patternProperties": {"^x-": {"type": "string"}}}, [{"other": 1}], id="pattern-keyed map"
         ),
         pytest.param(
@@ -216,6 +237,14 @@ def test_a_false_branch_of_all_of_still_gets_a_typed_model_that_checks_the_rest(
     module = tool_module(tmp_path, wrapped({"allOf": [{"type": "integer", "minimum": 1}, False]}))
     with pytest.raises(ValidationError):
         module._arguments({"x": "1"})
+
+
+def test_typeless_all_of_branches_merged_by_type_still_check_each_type(tmp_path: Path) -> None:
+    schema = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"required": ["a"]}, {"maxItems": 1}]}
+    module = tool_module(tmp_path, wrapped(schema))
+    for bad in ({"a": "1"}, {"b": 1}, [1, 2]):
+        with pytest.raises(ValidationError):
+            module._arguments({"x": bad})
 
 
 def test_pattern_properties_next_to_a_closed_object_accept_matching_keys(tmp_path: Path) -> None:
@@ -363,6 +392,48 @@ def test_none_is_left_out_unless_the_schema_admits_null(tmp_path: Path) -> None:
         "nested": {"b": None},
     }
     assert sent(module, {"must": 1}) == {"must": 1}
+
+
+ASSIGNED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string"},
+        "head": {"type": "integer"},
+        "mode": {"const": 0},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "nested": {"type": "object", "properties": {"depth": {"type": "integer", "minimum": 1}}},
+    },
+    "required": ["path"],
+}
+
+
+def test_a_value_assigned_to_params_is_checked_where_it_is_assigned(tmp_path: Path) -> None:
+    module = tool_module(tmp_path, ASSIGNED_SCHEMA)
+    params = module.Params(path="notes.txt", nested={"depth": 1})
+    for name, bad in (("head", "2"), ("head", True), ("path", Path("/etc/passwd")), ("tags", [5])):
+        with pytest.raises(ValidationError):
+            setattr(params, name, bad)
+    with pytest.raises(ValidationError):
+        params.nested.depth = 0
+    # What construction does to a value, assignment does too; a None assigned means "not given".
+    params.head, params.mode, params.tags = 2.0, 0.0, None
+    expected = {"path": "notes.txt", "nested": {"depth": 1}, "head": 2, "mode": 0.0}
+    assert json.dumps(sent(module, params), sort_keys=True) == json.dumps(expected, sort_keys=True)
+
+
+def test_params_changed_past_its_checks_are_checked_again_when_sent(tmp_path: Path) -> None:
+    module = tool_module(tmp_path, ASSIGNED_SCHEMA)
+    changed_in_place = module.Params(path="notes.txt", tags=["a"])
+    changed_in_place.tags.append(5)
+    bypassed = module.Params(path="notes.txt", nested={"depth": 1})
+    object.__setattr__(bypassed.nested, "depth", 0)
+    constructed = module.Params.model_construct(path=Path("/etc/passwd"))
+    for params in (changed_in_place, bypassed, constructed):
+        # Before: sent as ["a", 5], {"depth": 0} and "/etc/passwd", none of which the model accepts.
+        with pytest.raises(ValidationError):
+            module._arguments(params)
+    ok = module.Params.model_construct(path="notes.txt", head=None)
+    assert sent(module, ok) == {"path": "notes.txt"}
 
 
 def test_an_undeclared_key_where_the_schema_forbids_them_names_the_closest_declared_key(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import mcp_types as types
 from mcp import ClientSession
 
-from ._schemacheck import schema_problem
+from ._schemacheck import forget_schemas, schema_problem
 
 __all__ = ("BoundedClientSession",)
 
@@ -40,7 +40,10 @@ class BoundedClientSession(ClientSession):
 
     async def list_tools(self, *, params: types.PaginatedRequestParams | None = None) -> types.ListToolsResult:
         listed = await super().list_tools(params=params)
+        replaced = [self._output_schemas.get(tool.name) for tool in listed.tools]
         self._output_schemas.update((tool.name, tool.output_schema) for tool in listed.tools)
+        # Checks are kept by the schema object; a listing's are new objects.
+        forget_schemas(old for old, tool in zip(replaced, listed.tools, strict=True) if old is not tool.output_schema)
         return listed
 
     async def validate_tool_result(self, name: str, result: types.CallToolResult) -> None:

@@ -260,7 +260,7 @@ def answer_problem(schema: Mapping[str, Any], content: object) -> str | None:
         if not _primitive(value):
             return f"field {json.dumps(key)} is not a string, number, boolean or list of strings"
     # Bounded (RE2, step and time budgets): the schema is the server's.
-    return schema_problem(dict(schema), _thawed(content), "input", "the answer")
+    return schema_problem(dict(schema), _thawed(content), "input", "the answer", listed=False)
 
 
 def _primitive(value: object) -> bool:

@@ -27,7 +27,7 @@ from ipybox._approval._decisions import ApprovalDecision, read_only_copy
 from ipybox._approval._rendering import closest_key, forbidden_keys, quote
 from ipybox._exceptions import UsageError
 from ipybox._mcp._oauth import OAuth, PausableDeadline, current_deadline, pausable_deadline
-from ipybox._mcp._schemacheck import value_problem
+from ipybox._mcp._schemacheck import forget_schemas, value_problem
 from ipybox._mcp._serverasks import (
     MAX_ASKS_PER_CALL,
     MAX_MESSAGE_CHARS,
@@ -263,8 +263,7 @@ class Sessions:
             # The server may have added the tool since it was listed.
             with tool_errors(f"listing the tools of MCP server {entry.name!r}"):
                 with anyio.fail_after(self.connect_timeout):
-                    live.tools = entry.tools = await _list_all_tools(live.session)
-                    entry.targets.clear()
+                    _replace_listing(entry, live, await _list_all_tools(live.session))
             spec = live.tools.get(request.tool)
         if spec is None:
             known = ", ".join(repr(n) for n in sorted(live.tools)) or "none"
@@ -307,8 +306,7 @@ class Sessions:
             except UsageError as exc:
                 raise ToolCallFailed("server_start", f"cannot start MCP server {entry.name!r}: {exc}") from exc
             entry.live = live
-            entry.tools = live.tools
-            entry.targets.clear()
+            _replace_listing(entry, live, live.tools)
             return live
 
     async def _own_session(self, entry: _Entry, *, task_status: anyio.abc.TaskStatus[_Session]) -> None:
@@ -512,6 +510,17 @@ def _target(entry: _Entry, spec: mcp_types.Tool | None) -> Target:
     target = Target(entry.description, read_only_copy(dumped), read_only_copy(spec.input_schema))
     entry.targets[spec.name] = (spec, target)
     return target
+
+
+def _replace_listing(entry: _Entry, live: _Session, tools: dict[str, mcp_types.Tool]) -> None:
+    """Make ``tools`` the server's listing; what was made from the one it replaces is dropped."""
+    replaced = [spec.input_schema for spec in (entry.tools or {}).values()]
+    replaced += [spec.input_schema for spec in live.tools.values() if live.tools is not tools]
+    live.tools = entry.tools = tools
+    entry.targets.clear()
+    # Checks are kept by the schema object (ipybox._mcp._schemacheck): the new listing's are new.
+    kept = {id(spec.input_schema) for spec in tools.values()}
+    forget_schemas(schema for schema in replaced if id(schema) not in kept)
 
 
 def check_arguments(schema: Mapping[str, Any] | None, request: ToolRequest) -> None:

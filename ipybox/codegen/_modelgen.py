@@ -301,12 +301,15 @@ def _configure_model(node: ast.ClassDef, imports: dict[str, Import]) -> None:
     renames fields that would shadow pydantic's own attributes. ``regex_engine="python-re"``:
     JSON Schema patterns are ECMAScript regexes, and lookarounds and backreferences work in
     Python's engine but not in pydantic's default one (patterns are checked when cleaning).
+    ``validate_assignment``: ``params.head = "x"`` fails on that line as ``Params(head="x")`` would
+    (the module's ``_arguments`` checks an instance again anyway, for changes made in place).
     """
     config_name = next(n for n, origin in imports.items() if origin == ("pydantic", "ConfigDict"))
     flags = [
         ast.keyword(arg="defer_build", value=ast.Constant(value=True)),
         ast.keyword(arg="protected_namespaces", value=ast.Tuple(elts=[], ctx=ast.Load())),
         ast.keyword(arg="regex_engine", value=ast.Constant(value="python-re")),
+        ast.keyword(arg="validate_assignment", value=ast.Constant(value=True)),
     ]
     if not _is_root_model(node, imports):
         # Keys the schema does not declare but allows are kept and sent (the generator's default

@@ -15,6 +15,8 @@ model never rejects or alters what the tool accepts (DESIGN.md §5):
 - ``unevaluatedProperties``/``unevaluatedItems`` become ``additional*`` only where nothing else
   evaluates (no applicators next to them); otherwise they are dropped.
 - draft-7 tuples (``items: [...]``) become ``prefixItems``, with ``additionalItems`` as ``items``.
+- a typeless ``allOf`` of typeless branches becomes one ``anyOf`` by type, each type's keywords from
+  every branch merged (the generator made an object model of it, refusing arrays and scalars).
 - ``patternProperties`` become a loose ``additionalProperties``: a key that matches no declared name
   must satisfy one of the pattern schemas or the ``additionalProperties`` schema (keys are not checked).
 - A property that is not required and whose schema admits ``null`` is marked ``NULLABLE_KEY``, which
@@ -241,6 +243,9 @@ def _typeless(out: dict[str, Any]) -> dict[str, Any]:
     """
     if "type" in out or "enum" in out or "const" in out:
         return out
+    merged = _merged_all_of(out)
+    if merged is not None:
+        return merged
     objects = {k: out[k] for k in _OBJECT_KEYWORDS if k in out}
     arrays = {k: out[k] for k in _ARRAY_KEYWORDS if k in out}
     if (not objects and not arrays) or any(k in out for k in ("allOf", "anyOf", "oneOf", "$ref")):
@@ -259,6 +264,87 @@ def _typeless(out: dict[str, Any]) -> dict[str, Any]:
             "allOf": [{"anyOf": rest["anyOf"]}, {"anyOf": branches}],
         }
     return {**rest, "anyOf": branches}
+
+
+def _families(branch: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The object and array keywords of a cleaned typeless ``allOf`` branch, or None if it is not one.
+
+    A typeless branch is ``true``, annotations only, or what `_typeless` made of it: an ``anyOf`` of
+    an object branch, an array branch and every other type.
+    """
+    if branch is True:
+        return {}, {}
+    node = _mapping(branch)
+    if node is None or set(node) - _ANNOTATIONS - {"anyOf"}:
+        return None
+    if "anyOf" not in node:
+        return {}, {}
+    match _sequence(node["anyOf"]):
+        case [{"type": "object", **objects}, {"type": "array", **arrays}, {"type": other}] if other == _ANY_OTHER:
+            return dict(objects), dict(arrays)
+        case _:
+            return None
+
+
+# Array keywords whose meaning depends on each other's presence (``maxContains`` without
+# ``contains`` is ignored): taken together from one branch or not at all.
+_CONTAINS = frozenset({"contains", "maxContains", "minContains"})
+
+
+def _merged_keyword(key: str, first: Any, other: Any) -> Any:
+    """``key``'s value for an object or array that both values constrain, or ``first`` (looser)."""
+    match key, first, other:
+        case "properties" | "dependentRequired", dict(), dict():
+            return {**cast("dict[str, Any]", other), **cast("dict[str, Any]", first)}
+        case "required", list(), list():
+            return [*cast("list[Any]", first), *(k for k in cast("list[Any]", other) if k not in first)]
+        case "minItems" | "minProperties", int(), int():
+            return max(first, other)
+        case "maxItems" | "maxProperties", int(), int():
+            return min(first, other)
+        case "uniqueItems", bool(), bool():
+            return first or other
+        case _:
+            return first
+
+
+def _merged_family(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One type's keywords from every branch of an ``allOf``, checked no more strictly than all of them.
+
+    Properties and required names add up and bounds take the tighter value (exactly the
+    intersection); any other keyword two branches give differently keeps the first branch's value,
+    which the intersection implies. ``items``/``additionalProperties`` next to another branch's
+    ``prefixItems``/``properties`` then apply to fewer members, which only admits more.
+    """
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            merged[key] = _merged_keyword(key, merged[key], value) if key in merged else value
+    if sum(1 for part in parts if set(part) & _CONTAINS) > 1:
+        merged = {k: v for k, v in merged.items() if k not in _CONTAINS}
+    return merged
+
+
+def _merged_all_of(out: dict[str, Any]) -> dict[str, Any] | None:
+    """A typeless ``allOf`` of typeless branches as one ``anyOf`` by type, or None if it is not one.
+
+    The generator turns ``allOf`` of such branches into an object model that refuses every array and
+    scalar the schema admits; by type, ``allOf`` is each type's keywords together.
+    """
+    branches = _sequence(out.get("allOf"))
+    if branches is None or set(out) - _ANNOTATIONS - _OBJECT_KEYWORDS - _ARRAY_KEYWORDS - {"allOf"}:
+        return None
+    own = ({k: out[k] for k in _OBJECT_KEYWORDS if k in out}, {k: out[k] for k in _ARRAY_KEYWORDS if k in out})
+    families = [own, *map(_families, branches)]
+    if any(f is None for f in families):
+        return None
+    typed = [f for f in families if f is not None]
+    rest = {k: v for k, v in out.items() if k in _ANNOTATIONS}
+    objects, arrays = _merged_family([f[0] for f in typed]), _merged_family([f[1] for f in typed])
+    return {
+        **rest,
+        "anyOf": [{"type": "object", **objects}, {"type": "array", **arrays}, {"type": list(_ANY_OTHER)}],
+    }
 
 
 def _loosen(out: dict[str, Any], original: Mapping[str, Any], *, root: bool) -> dict[str, Any]:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from schemacheck_support import record_preparations
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, StdioServer
+from ipybox._mcp import _schemacheck
 
 pytestmark = pytest.mark.anyio
 
@@ -117,3 +119,36 @@ async def test_a_structured_result_built_for_a_catastrophic_output_pattern_is_re
     assert refused[0] == "ToolExecutionError" and "does not match the pattern" in refused[1], refused
     assert fine == ["ran", "redos_output"]
     assert [r.tool_name for r in requests] == ["redos_output", "redos_output"]
+
+
+async def test_calls_to_a_listed_tool_check_against_a_validator_made_once(
+    ex: CodeExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, warm = await accept_all(ex, CODE.format(calls=json.dumps([["strict", {"count": 1}]])))
+    assert json.loads(warm.text) == ["ran", "strict"]
+    prepared = record_preparations(monkeypatch)
+    calls = [["strict", {"count": n}] for n in range(5)] + [["strict", {"count": 11}]]
+    requests, result = await accept_all(ex, CODE.format(calls=json.dumps(calls)))
+    lines = [json.loads(line) for line in result.text.splitlines()]
+    assert lines[:5] == [["ran", "strict"]] * 5 and "greater than the maximum" in lines[5][1]
+    assert len(requests) == 5
+    # Six checks before approval, against the schema the warm-up call listed: none made a validator.
+    assert prepared == []
+
+
+async def test_a_new_listing_replaces_the_kept_checks_of_the_old_one(
+    ex: CodeExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepared = record_preparations(monkeypatch)
+    _, warm = await accept_all(ex, CODE.format(calls=json.dumps([["strict", {"count": 1}]])))
+    assert json.loads(warm.text) == ["ran", "strict"] and len(prepared) == 1
+    # A tool the listing lacks makes the tool server list the server's tools again.
+    calls: list[list[object]] = [["no_such_tool", {}], ["strict", {"count": 2}], ["strict", {"count": 3}]]
+    _, result = await accept_all(ex, CODE.format(calls=json.dumps(calls)))
+    lines = [json.loads(line) for line in result.text.splitlines()]
+    assert "has no tool named 'no_such_tool'" in lines[0][1] and lines[1:] == [["ran", "strict"]] * 2
+    # The new listing's schema is a new object, prepared once; the old one's entry is dropped.
+    old, new = prepared
+    assert old == new and old is not new
+    held = [entry.schema for entry in _schemacheck._CHECKS._entries.values()]
+    assert any(schema is new for schema in held) and not any(schema is old for schema in held)
