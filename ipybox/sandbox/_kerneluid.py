@@ -25,7 +25,6 @@ pids cgroup is reported.
 from __future__ import annotations
 
 import contextlib
-import functools
 import grp
 import json
 import logging
@@ -52,8 +51,11 @@ logger = logging.getLogger(__name__)
 _UID_RANGE = (0x70000000, 0x7FFDFFFF)
 # How long the one-off probe may take before it counts as failed.
 _PROBE_TIMEOUT = 10.0
-# Devices whose failure was already reported by this process: a pool starts many kernels.
+# Problems already reported by this process: a pool starts many kernels.
 _reported: set[str] = set()
+# The outcome of the probe for each set of filesystems the writable paths live on (idmapped mounts
+# are a filesystem's feature), so that a new workspace on a known filesystem costs no probe.
+_probed: dict[frozenset[int], str | None] = {}
 
 
 @dataclass
@@ -131,8 +133,10 @@ def kernel_uid(writable: list[Path]) -> KernelUid | None:
     host cannot run a sandbox as another uid with ``writable`` idmapped (then a warning says so once)."""
     if os.geteuid() != 0:
         return None
-    devices = tuple(sorted({os.stat(path).st_dev for path in writable}))
-    problem = _probe(devices, tuple(str(p) for p in writable))
+    devices = frozenset(os.stat(path).st_dev for path in writable)
+    if devices not in _probed:
+        _probed[devices] = _probe([str(path) for path in writable])
+    problem = _probed[devices]
     if problem is None:
         return KernelUid.new()
     if problem not in _reported:
@@ -147,11 +151,8 @@ def kernel_uid(writable: list[Path]) -> KernelUid | None:
     return None
 
 
-@functools.cache
-def _probe(devices: tuple[int, ...], writable: tuple[str, ...]) -> str | None:
-    """None if bwrap runs as a fresh uid with ``writable`` idmapped here, else what failed (once per
-    set of filesystems; ``devices`` is the cache key)."""
-    del devices
+def _probe(writable: list[str]) -> str | None:
+    """None if bwrap runs as a fresh uid with ``writable`` idmapped here, else what failed."""
     from ._sandbox import bwrap_probe_argv
 
     own = KernelUid.new()
