@@ -45,7 +45,7 @@ def call_tool(server_name: str, tool_name: str, arguments: dict[str, Any] | None
         ToolCallRejected: The application rejected the call.
         ToolCallError: The call failed; the subclass says how.
     """
-    line = round_trip(server_name, tool_name, arguments, _execution_id(server_name, tool_name), None, call_site())
+    line = round_trip(server_name, tool_name, arguments, _calling_execution(server_name, tool_name), None, call_site())
     output = _parse_reply(server_name, tool_name, line)
     _display_images(output)
     return output
@@ -64,7 +64,7 @@ async def acall_tool(server_name: str, tool_name: str, arguments: dict[str, Any]
     import asyncio
     import contextvars
 
-    execution = _execution_id(server_name, tool_name)
+    execution = _calling_execution(server_name, tool_name)
     site = call_site()  # here: the worker thread's stack holds nothing of the cell
     abort = Abort()
     context = contextvars.copy_context()
@@ -160,8 +160,8 @@ _OUTSIDE_CELL = (
 )
 
 
-def _execution_id(server_name: str, tool_name: str) -> str | None:
-    """The IPython parent msg_id of the cell this code belongs to.
+def _calling_execution(server_name: str, tool_name: str) -> str | None:
+    """The IPython parent msg_id of the cell this code belongs to, for a call about to be made.
 
     In a thread, the cell that started it (ipybox_kernel._context); in a subprocess of the kernel,
     the cell that ran when it started; None outside an ipybox kernel, and in a thread that carries
@@ -173,7 +173,18 @@ def _execution_id(server_name: str, tool_name: str) -> str | None:
         ToolCallRejected: The context belongs to the running cell but is not its code (see
             ``_context.outside_cell_code``).
     """
-    from ._context import execution_of, outside_cell_code
+    from ._context import outside_cell_code
+
+    kernel, msg_id = _kernel_execution()
+    if kernel is not None and msg_id is not None and outside_cell_code(msg_id):
+        raise ToolCallRejected(server_name, tool_name, _OUTSIDE_CELL, reason="outside the code action's own code")
+    return msg_id
+
+
+def _kernel_execution() -> tuple[Any, str | None]:
+    """The kernel this code runs in (None in a subprocess, or an in-process kernel's cell) and the
+    execution it belongs to (see `_calling_execution`)."""
+    from ._context import execution_of
 
     ipython = sys.modules.get("IPython")
     try:
@@ -182,11 +193,7 @@ def _execution_id(server_name: str, tool_name: str) -> str | None:
     except AttributeError:
         kernel = None
     msg_id = kernel_setting(EXECUTION_ENV) if kernel is None else execution_of(kernel, inherited=False)
-    if not isinstance(msg_id, str) or not msg_id:
-        return None
-    if kernel is not None and outside_cell_code(msg_id):
-        raise ToolCallRejected(server_name, tool_name, _OUTSIDE_CELL, reason="outside the code action's own code")
-    return msg_id
+    return kernel, msg_id if isinstance(msg_id, str) and msg_id else None
 
 
 def _display_images(output: ToolOutput) -> None:
