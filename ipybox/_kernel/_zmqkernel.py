@@ -198,6 +198,8 @@ class Kernel:
                 if own_uid is not None:
                     for path in (run_dir, Path(connection_file), *private):
                         own_uid.grant(path, _group_mode(path))
+                    # The uid has no account: getpass.getuser() and the like read these first.
+                    env = {"USER": "ipybox", "LOGNAME": "ipybox", **env}
                 seccomp_fd = sandbox_filter_fd()
                 argv = [
                     *bwrap_argv(

@@ -75,6 +75,9 @@ async def test_the_kernel_its_sandboxs_init_and_bwrap_run_under_a_host_uid_of_th
         assert children and all(host_ids(p)[0] == [uid] * 4 for p in children), result.text
     finally:
         await run(executor, "child.kill(); child.wait()")
+    # The uid has no account; what asks for the user's name still gets one.
+    named = await run(executor, "import getpass\nprint(getpass.getuser())")
+    assert named.text == "ipybox\n", named.text
     # No supplementary group (root's groups, or any other) reaches the sandbox.
     status = dict(line.split(":", 1) for line in Path(f"/proc/{kernel._sandbox_pid}/status").read_text().splitlines())
     assert status["Groups"].split() == [], status["Groups"]
