@@ -40,8 +40,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _dropuid
-
 __all__ = ("KernelUid", "kernel_uid")
 
 logger = logging.getLogger(__name__)
@@ -49,6 +47,8 @@ logger = logging.getLogger(__name__)
 # systemd's table of uid ranges leaves 0x70000000..0x7FFDFFFF unassigned: above the container
 # ranges (nspawn's end at 0x6FFFFFFF), below the "foreign" range and the signed-int boundary.
 _UID_RANGE = (0x70000000, 0x7FFDFFFF)
+# The launcher, run by path with ``-I -S`` (never imported here: it loads libc at import).
+_LAUNCHER = Path(__file__).with_name("_dropuid.py")
 # How long the one-off probe may take before it counts as failed.
 _PROBE_TIMEOUT = 10.0
 # Problems already reported by this process: a pool starts many kernels.
@@ -100,31 +100,35 @@ class KernelUid:
             # Resolved here: bwrap resolves the path it is given with the kernel's uid, and a
             # symlink on it may pass through a directory only root can enter.
             return real
-        return self._staged(real, dir=os.path.isdir(real))
+        return self._staged(real, is_dir=os.path.isdir(real))
 
     def ro_fd(self, fd: int) -> str:
         """Where bwrap finds the directory open as ``fd`` (inherited by the launcher)."""
-        return self._staged(None, fd=fd, dir=True)
+        return self._staged(None, fd=fd, is_dir=True)
 
     def rw(self, source: Path | str) -> str:
         """Where bwrap finds writable ``source``: an idmapped bind showing its owner's files as the
         kernel's."""
         info = os.stat(source)
-        return self._staged(os.path.realpath(source), dir=stat.S_ISDIR(info.st_mode), idmap=[info.st_uid, info.st_gid])
+        return self._staged(
+            os.path.realpath(source), is_dir=stat.S_ISDIR(info.st_mode), idmap=[info.st_uid, info.st_gid]
+        )
 
     def launcher(self, *, processes: int | None, rlimits: Sequence[tuple[int, int]] = ()) -> list[str]:
         """The command that stages, sets ``rlimits`` (resource, value) and RLIMIT_NPROC to
         ``processes``, drops to the kernel's uid and execs what follows it."""
         plan = {"uid": self.uid, "gid": self.gid, "binds": self.binds, "nproc": processes, "rlimits": list(rlimits)}
-        return [sys.executable, "-I", "-S", _dropuid.__file__, json.dumps(plan), "--"]
+        return [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(plan), "--"]
 
     def remove(self) -> None:
         """Remove the staging directory (its mounts live only in the sandbox's launcher's namespace)."""
         shutil.rmtree(self.stage, ignore_errors=True)
 
-    def _staged(self, source: str | None, *, dir: bool, fd: int | None = None, idmap: list[int] | None = None) -> str:
+    def _staged(
+        self, source: str | None, *, is_dir: bool, fd: int | None = None, idmap: list[int] | None = None
+    ) -> str:
         target = str(self.stage / str(len(self.binds)))
-        self.binds.append({"src": source, "fd": fd, "dst": target, "dir": dir, "idmap": idmap})
+        self.binds.append({"src": source, "fd": fd, "dst": target, "dir": is_dir, "idmap": idmap})
         return target
 
 
