@@ -118,12 +118,13 @@ def sandbox_filter_fd() -> int | None:
     return filter_pipe(program) if program is not None else None
 
 
-def _etc_secrets() -> tuple[list[str], list[str]]:
-    """Files and directories under /etc to mask: the known secrets, and everything that is not
-    world-readable. The kernel reads as the host's root, so file modes alone would not stop it."""
+def _etc_secrets(*, by_mode: bool = True) -> tuple[list[str], list[str]]:
+    """Files and directories under /etc to mask: the known secrets, and with ``by_mode`` everything
+    that is not world-readable. A kernel that reads as the host's root needs the latter, since file
+    modes alone would not stop it; one with a uid of its own is stopped by them."""
     files = [f"/etc/{name}" for name in _ETC_SECRETS if os.path.isfile(f"/etc/{name}")]
     dirs = [f"/etc/{name}" for name in _ETC_SECRET_DIRS if os.path.isdir(f"/etc/{name}")]
-    pending = ["/etc"]
+    pending = ["/etc"] if by_mode else []
     while pending:
         try:
             entries = list(os.scandir(pending.pop()))
@@ -237,7 +238,9 @@ def bwrap_argv(
     argv += ["--ro-bind", ro("/etc"), "/etc"]
     empty = run_dir / "empty"
     empty.touch()
-    files, dirs = _etc_secrets()
+    # Under its own uid the kernel cannot read what is not world-readable: no scan, and no race
+    # with a file that is deleted between the scan and bwrap's mount over it.
+    files, dirs = _etc_secrets(by_mode=own_uid is None)
     for path in files:
         # An empty regular file: a device node like /dev/null would be unreadable (nodev).
         argv += ["--ro-bind", ro(empty), path]
