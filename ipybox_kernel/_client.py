@@ -45,7 +45,7 @@ def call_tool(server_name: str, tool_name: str, arguments: dict[str, Any] | None
         ToolCallRejected: The application rejected the call.
         ToolCallError: The call failed; the subclass says how.
     """
-    line = round_trip(server_name, tool_name, arguments, _execution_id(), None, call_site())
+    line = round_trip(server_name, tool_name, arguments, _calling_execution(server_name, tool_name), None, call_site())
     output = _parse_reply(server_name, tool_name, line)
     _display_images(output)
     return output
@@ -64,7 +64,7 @@ async def acall_tool(server_name: str, tool_name: str, arguments: dict[str, Any]
     import asyncio
     import contextvars
 
-    execution = _execution_id()
+    execution = _calling_execution(server_name, tool_name)
     site = call_site()  # here: the worker thread's stack holds nothing of the cell
     abort = Abort()
     context = contextvars.copy_context()
@@ -151,15 +151,39 @@ def call_site() -> CallSite:
     return CallSite(line=line, module=module or None)
 
 
-def _execution_id() -> str | None:
-    """The IPython parent msg_id of the cell this code belongs to.
+# Why a call from outside the running cell's code is refused before it reaches the host.
+_OUTSIDE_CELL = (
+    "ipybox refused this call: it was made while a code action ran, but not by that code action's "
+    "own code or anything it started (an IPython event hook such as post_run_cell, or an input or AST "
+    "transformer, which an earlier code action may have registered), so a person would see it beside "
+    "code that did not make it; call tools from the code action itself"
+)
+
+
+def _calling_execution(server_name: str, tool_name: str) -> str | None:
+    """The IPython parent msg_id of the cell this code belongs to, for a call about to be made.
 
     In a thread, the cell that started it (ipybox_kernel._context); in a subprocess of the kernel,
     the cell that ran when it started; None outside an ipybox kernel, and in a thread that carries
     no cell of its own (started by ``_thread`` or C code): ipykernel's fallback for those is the
     cell that runs now, whatever started them. The host allows a call only while the cell it names
     runs.
+
+    Raises:
+        ToolCallRejected: The context belongs to the running cell but is not its code (see
+            ``_context.outside_cell_code``).
     """
+    from ._context import outside_cell_code
+
+    kernel, msg_id = _kernel_execution()
+    if kernel is not None and msg_id is not None and outside_cell_code(msg_id):
+        raise ToolCallRejected(server_name, tool_name, _OUTSIDE_CELL, reason="outside the code action's own code")
+    return msg_id
+
+
+def _kernel_execution() -> tuple[Any, str | None]:
+    """The kernel this code runs in (None in a subprocess, or an in-process kernel's cell) and the
+    execution it belongs to (see `_calling_execution`)."""
     from ._context import execution_of
 
     ipython = sys.modules.get("IPython")
@@ -169,7 +193,7 @@ def _execution_id() -> str | None:
     except AttributeError:
         kernel = None
     msg_id = kernel_setting(EXECUTION_ENV) if kernel is None else execution_of(kernel, inherited=False)
-    return msg_id if isinstance(msg_id, str) and msg_id else None
+    return kernel, msg_id if isinstance(msg_id, str) and msg_id else None
 
 
 def _display_images(output: ToolOutput) -> None:

@@ -27,6 +27,12 @@ from typing import Any, cast
 
 from ._protocol import EXECUTION_ENV
 
+# The execution whose cell code (IPython's run_code) the calling context runs under; set only while
+# run_code runs, and copied into the threads, thread-pool work and asyncio tasks that code starts.
+# Code that runs in the execution's context outside it (IPython event hooks, input and AST
+# transformers, which an earlier cell may have registered) does not have it.
+CELL_CODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("ipybox_cell_code", default=None)
+
 
 def carry_execution_context(kernel: Any) -> None:
     """Make threads and thread-pool work keep the cell they were started from (see the module doc)."""
@@ -48,6 +54,26 @@ def carry_execution_context(kernel: Any) -> None:
 
     threading.Thread.start = start
     concurrent.futures.ThreadPoolExecutor.submit = submit_in_context
+
+
+def mark_cell_code(shell: Any, kernel: Any) -> None:
+    """Make `CELL_CODE` name the running execution while IPython runs the cell's own code."""
+    run_code = shell.run_code
+
+    async def run_cell_code(*args: Any, **kwargs: Any) -> Any:
+        token = CELL_CODE.set(execution_of(kernel, inherited=True))
+        try:
+            return await run_code(*args, **kwargs)
+        finally:
+            CELL_CODE.reset(token)
+
+    shell.run_code = run_cell_code
+
+
+def outside_cell_code(msg_id: str) -> bool:
+    """Whether the calling context belongs to execution ``msg_id`` but is not its cell's code, nor
+    started by it: an IPython event hook or transformer, which may be an earlier cell's."""
+    return CELL_CODE.get() != msg_id
 
 
 def announce_execution(kernel: Any) -> None:

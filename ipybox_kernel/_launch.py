@@ -310,7 +310,7 @@ def prepare(
     ``drain`` runs after each execution, before the output guard reports, and before each tool
     call's output mark (None: nothing to drain).
     """
-    from ._context import announce_execution, carry_execution_context
+    from ._context import announce_execution, carry_execution_context, mark_cell_code
     from ._imports import install_missing_tools_hint
     from ._marks import OutputMarks
     from ._transport import set_output_mark
@@ -321,6 +321,8 @@ def prepare(
     # Threads keep the cell that started them, so their output and tool calls are not taken for
     # those of the cell that runs when they print or call.
     carry_execution_context(kernel)
+    # Tool calls from hooks that run outside the cell's own code are refused (ipybox_kernel._client).
+    mark_cell_code(shell, kernel)
     shell.events.register("pre_execute", lambda: announce_execution(kernel))
     if drain is not None:
         # Before the output guard's report, which counts what the execution printed.

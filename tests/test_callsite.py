@@ -169,10 +169,11 @@ async def test_forged_reports_from_kernel_code_show_unknown_or_a_line_of_the_sam
     # Kernel code that sends its own call sites with the request, past call_tool's own report.
     code = (
         "from ipybox_kernel import _client, _transport\n"
-        "from ipybox_kernel._client import _execution_id\n"
+        "from ipybox_kernel._client import _calling_execution\n"
         "for line, module in [(10**30, None), (-5, None), (1, 'x\\nArguments: none'), (99, None)]:\n"
         "    site = _transport.CallSite(line=line, module=module)\n"
-        "    reply = _transport.round_trip('test', 'greet', {'name': 'f'}, _execution_id(), None, site)\n"
+        "    execution = _calling_execution('test', 'greet')\n"
+        "    reply = _transport.round_trip('test', 'greet', {'name': 'f'}, execution, None, site)\n"
         "    _client._parse_reply('test', 'greet', reply)\n"
     )
     async with executor_for("in_process", workspace, tools_dir) as executor:

@@ -21,7 +21,9 @@ for again for a short grace before they count, unless new ones appear meanwhile.
 
 Not seen: code an earlier execution left in the kernel's main thread (event hooks, patched
 functions, asyncio tasks, signal handlers, trace functions) and kernels on a gateway (the host
-cannot read their /proc). SECURITY.md, "Attribution of requests", says what holds then.
+cannot read their /proc). Of those, asyncio tasks name their own (ended) execution and are refused,
+and IPython hooks are refused in the kernel (ipybox_kernel._context.CELL_CODE). SECURITY.md,
+"Attribution of requests", says what holds for the rest.
 """
 
 from __future__ import annotations

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from ipybox._mounts import mounted
 from ipybox._settings import KernelSettings, resolved_sandbox, take_settings
-from ipybox.network._setup import network_env, with_network_mount
+from ipybox.network._setup import NET_SOCKET, network_env, with_network_mount
 from ipybox.sandbox._sandbox import resolve_sandbox
 
 from . import Kernel, KernelHandle, KernelHost, default_python
-from ._home import hidden_paths, kernel_env, kernel_sandbox
+from ._home import IMPORT_ROOT, hidden_paths, kernel_env, kernel_sandbox
 
 __all__ = ("LaunchSpec", "LocalKernel", "start_kernel")
 
@@ -54,6 +54,12 @@ class LaunchSpec:
         return names
 
 
+def private_paths(home: Path) -> list[Path]:
+    """The executor's own files in ``home`` a sandboxed kernel uses: the tool socket, the import root
+    and the proxy socket."""
+    return [home / "tools.sock", home / IMPORT_ROOT, home / NET_SOCKET]
+
+
 def start_kernel(
     spec: LaunchSpec, *, home: Path, token: str, start_timeout: float
 ) -> AbstractAsyncContextManager[Kernel]:
@@ -82,6 +88,7 @@ def start_kernel(
         limits=settings.limits,
         start_timeout=start_timeout,
         host_dirs=[(path, mount.setting) for mount, path in mounts],
+        private=[path for path in private_paths(home) if path.exists()],
     )
 
 

@@ -130,6 +130,12 @@ def sandboxed_kernel_pid(root: int, executable: str) -> int | None:
     return None
 
 
+def launcher_rlimits(limits: Limits) -> list[tuple[int, int]]:
+    """The resource limits (resource, value) a launcher that becomes bwrap sets on itself, so that the
+    sandbox's init has them from its start (see `limit_sandbox_init`)."""
+    return [(which, value) for _, which, value in _rlimits(limits)]
+
+
 def limit_sandbox_init(kernel_pid: int, limits: Limits) -> None:
     """Give the sandbox's init (the kernel's parent) the resource limits the launcher gave the kernel.
 

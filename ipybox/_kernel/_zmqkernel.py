@@ -23,6 +23,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -39,6 +40,7 @@ from ipybox._exceptions import KernelDied, KernelStartError, UsageError
 from ipybox._settings import Limits, SandboxConfig
 from ipybox._tooldir import open_tools_dir
 from ipybox.sandbox._cgroup import SandboxCgroup
+from ipybox.sandbox._kerneluid import KernelUid, kernel_uid
 from ipybox.sandbox._sandbox import bwrap_argv, sandbox_filter_fd
 
 from ._messages import Inbox, KernelEvent, decode, message_limit
@@ -46,6 +48,7 @@ from ._process import (
     StderrTail,
     close_fd,
     launcher_argv,
+    launcher_rlimits,
     limit_sandbox_init,
     live_tasks,
     sandboxed_kernel_pid,
@@ -144,11 +147,14 @@ class Kernel:
         start_timeout: float,
         run_dir: Path | None = None,
         host_dirs: Sequence[tuple[Path, str]] = (),
+        private: Sequence[Path] = (),
     ) -> AsyncGenerator[Kernel]:
         """Launch a kernel and wait until it answers on every channel it uses.
 
         ``host_dirs`` are further host-owned directories mounted read-only (the skills directory),
         each with the setting that names it in errors; each is checked again as it is opened.
+        ``private`` are the executor's own files the sandboxed kernel uses (the tool and proxy
+        sockets, the import root): when it runs under a host uid of its own, they are given to its group.
 
         Raises:
             KernelStartError: The kernel exited or did not become ready within ``start_timeout``.
@@ -160,6 +166,7 @@ class Kernel:
         ready_write: int | None = None
         tools_fd: int | None = None
         dir_fds: list[tuple[Path, int]] = []
+        own_uid: KernelUid | None = None
         try:
             env = dict(env)
             if "HOME" not in env:
@@ -187,6 +194,12 @@ class Kernel:
                         dir_fds.append((path, open_tools_dir(path, what=what)))
                     except UsageError as exc:
                         raise KernelStartError(str(exc)) from None
+                own_uid = kernel_uid([workspace, *map(Path, sandbox.rw_paths)])
+                if own_uid is not None:
+                    for path in (run_dir, Path(connection_file), *private):
+                        own_uid.grant(path, _group_mode(path))
+                    # The uid has no account: getpass.getuser() and the like read these first.
+                    env = {"USER": "ipybox", "LOGNAME": "ipybox", **env}
                 seccomp_fd = sandbox_filter_fd()
                 argv = [
                     *bwrap_argv(
@@ -200,9 +213,12 @@ class Kernel:
                         socket_dir=SANDBOX_SOCKET_DIR,
                         tools_dir_fd=tools_fd,
                         host_dirs=dir_fds,
+                        own_uid=own_uid,
                     ),
                     *argv,
                 ]
+                if own_uid is not None:
+                    argv = [*own_uid.launcher(processes=limits.processes, rlimits=launcher_rlimits(limits)), *argv]
             session = Session(key=key, signature_scheme="hmac-sha256")
             limit = message_limit(limits.output_chars)
             frame_limits = FrameLimits(frame_bytes=limit, message_bytes=limit, message_frames=_MAX_FRAMES)
@@ -245,7 +261,13 @@ class Kernel:
                     tg.start_soon(kernel._stderr.read, process.stderr)
                     try:
                         with anyio.fail_after(start_timeout):
-                            await kernel._connect(ready_read, python[0], info, sandboxed=sandbox is not None)
+                            await kernel._connect(
+                                ready_read,
+                                python[0],
+                                info,
+                                sandboxed=sandbox is not None,
+                                init_limited=own_uid is not None,
+                            )
                             # Control replies are read too (nothing waits for them) so they do not pile up.
                             for name in channels:
                                 tg.start_soon(kernel._run_channel, name)
@@ -280,6 +302,8 @@ class Kernel:
             if cgroup is not None:
                 with anyio.CancelScope(shield=True):
                     await cgroup.remove()
+            if own_uid is not None:
+                own_uid.remove()
             shutil.rmtree(run_dir, ignore_errors=True)
 
     def kill(self) -> None:
@@ -399,13 +423,17 @@ class Kernel:
         self.exited.set()
         self._requests.close_all()
 
-    async def _connect(self, ready: int, executable: str, info: object, *, sandboxed: bool) -> None:
+    async def _connect(
+        self, ready: int, executable: str, info: object, *, sandboxed: bool, init_limited: bool = False
+    ) -> None:
         """Connect to the kernel's sockets once it says they are bound.
 
         A sandboxed kernel's live in the sandbox's private ``/tmp``, which the host reaches through
         the kernel process's root (``/proc/PID/root``). Only after the kernel has written to
         ``ready`` is that root the sandbox's for certain; before bwrap's pivot it would still be the
-        host's.
+        host's. ``init_limited``: the sandbox's init already has the kernel's resource limits (its
+        launcher set them before it became bwrap; root without ``CAP_SYS_RESOURCE`` could not set them
+        on another uid's process).
 
         Raises:
             KernelStartError: The kernel exited before binding its sockets, or they cannot be reached.
@@ -423,7 +451,8 @@ class Kernel:
             if self._sandbox_pid is None:
                 message = "the sandboxed kernel process could not be found in /proc"
                 raise KernelStartError(message, output=self.stderr_tail())
-            limit_sandbox_init(self._sandbox_pid, self._limits)
+            if not init_limited:
+                limit_sandbox_init(self._sandbox_pid, self._limits)
             base = f"/proc/{self._sandbox_pid}/root{base}"
         for name, channel in self._channels.items():
             path = f"{base}-{fields[f'{name}_port']}"
@@ -476,6 +505,15 @@ class Kernel:
         delivery = decode(frames, self._signer, self._waiters)
         if delivery is not None:
             await self._requests.deliver(*delivery)
+
+
+def _group_mode(path: Path) -> int:
+    """What the kernel's group may do with one of the host's files: enter and read a directory,
+    connect to a socket, read a file; never change any of them."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
+        return 0o750
+    return 0o620 if stat.S_ISSOCK(mode) else 0o640
 
 
 def _join_cgroups(procs_files: Sequence[Path]) -> list[str]:

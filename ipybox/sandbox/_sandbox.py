@@ -21,9 +21,10 @@ from typing import Literal
 from ipybox._exceptions import SandboxUnavailable, UsageError
 from ipybox._settings import SandboxConfig
 
+from ._kerneluid import KernelUid
 from ._seccomp import filter_pipe, syscall_filter
 
-__all__ = ("bwrap_argv", "resolve_sandbox", "sandbox_filter_fd")
+__all__ = ("bwrap_argv", "bwrap_probe_argv", "resolve_sandbox", "sandbox_filter_fd")
 
 # Secrets under /etc that are world-readable on some systems; masked whatever their mode.
 _ETC_SECRETS = ("shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "security/opasswd")
@@ -105,6 +106,11 @@ def _check_bwrap() -> None:
         )
 
 
+def bwrap_probe_argv(binds: Sequence[str]) -> list[str]:
+    """A bwrap command line that only starts, with the host's root read-only and ``binds`` over it."""
+    return [_bwrap_path(), *_isolation_flags(), "--ro-bind", "/", "/", *binds, "--", "true"]
+
+
 def sandbox_filter_fd() -> int | None:
     """A descriptor holding the sandbox's seccomp filter, for `bwrap_argv`'s ``seccomp_fd``; None
     where ipybox has no syscall table for this machine. The caller closes it once bwrap started."""
@@ -112,12 +118,13 @@ def sandbox_filter_fd() -> int | None:
     return filter_pipe(program) if program is not None else None
 
 
-def _etc_secrets() -> tuple[list[str], list[str]]:
-    """Files and directories under /etc to mask: the known secrets, and everything that is not
-    world-readable. The kernel reads as the host's root, so file modes alone would not stop it."""
+def _etc_secrets(*, by_mode: bool = True) -> tuple[list[str], list[str]]:
+    """Files and directories under /etc to mask: the known secrets, and with ``by_mode`` everything
+    that is not world-readable. A kernel that reads as the host's root needs the latter, since file
+    modes alone would not stop it; one with a uid of its own is stopped by them."""
     files = [f"/etc/{name}" for name in _ETC_SECRETS if os.path.isfile(f"/etc/{name}")]
     dirs = [f"/etc/{name}" for name in _ETC_SECRET_DIRS if os.path.isdir(f"/etc/{name}")]
-    pending = ["/etc"]
+    pending = ["/etc"] if by_mode else []
     while pending:
         try:
             entries = list(os.scandir(pending.pop()))
@@ -196,6 +203,7 @@ def bwrap_argv(
     socket_dir: str | None = None,
     tools_dir_fd: int | None = None,
     host_dirs: Sequence[tuple[Path, int]] = (),
+    own_uid: KernelUid | None = None,
 ) -> list[str]:
     """The bwrap command line that runs a program with the given mounts (the program follows ``--``).
 
@@ -203,8 +211,22 @@ def bwrap_argv(
     `sandbox_filter_fd`). ``tools_dir_fd``, a descriptor of ``tools_dir`` the child inherits, is
     what gets mounted there when given; ``host_dirs`` are further host-owned directories (the skills
     directory), each mounted read-only from a descriptor the child inherits. ``socket_dir`` is
-    created in the sandbox's ``/tmp`` for the kernel's sockets.
+    created in the sandbox's ``/tmp`` for the kernel's sockets. With ``own_uid`` (the kernel's own
+    host uid), every source bwrap could not reach as that uid is staged, writable ones idmapped.
     """
+
+    def ro(source: Path | str) -> str:
+        return own_uid.ro(source) if own_uid is not None else str(source)
+
+    def rw(source: Path | str) -> str:
+        return own_uid.rw(source) if own_uid is not None else str(source)
+
+    def ro_fd(fd: int, dest: Path) -> list[str]:
+        if own_uid is not None:
+            # bwrap resolves an fd's path again with its own uid: root stages it instead.
+            return ["--ro-bind", own_uid.ro_fd(fd), str(dest)]
+        return ["--ro-bind-fd", str(fd), str(dest)]
+
     argv = [_bwrap_path(), *_isolation_flags()]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
@@ -212,14 +234,16 @@ def bwrap_argv(
         if os.path.islink(top):
             argv += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
-            argv += ["--ro-bind", top, top]
-    argv += ["--ro-bind", "/etc", "/etc"]
+            argv += ["--ro-bind", ro(top), top]
+    argv += ["--ro-bind", ro("/etc"), "/etc"]
     empty = run_dir / "empty"
     empty.touch()
-    files, dirs = _etc_secrets()
+    # Under its own uid the kernel cannot read what is not world-readable: no scan, and no race
+    # with a file that is deleted between the scan and bwrap's mount over it.
+    files, dirs = _etc_secrets(by_mode=own_uid is None)
     for path in files:
         # An empty regular file: a device node like /dev/null would be unreadable (nodev).
-        argv += ["--ro-bind", str(empty), path]
+        argv += ["--ro-bind", ro(empty), path]
     for path in dirs:
         argv += ["--tmpfs", path, "--remount-ro", path]
     # /tmp and /dev/shm are tmpfs, held in host memory: cap them, and make the rest of the /dev
@@ -228,25 +252,25 @@ def bwrap_argv(
     argv += ["--dev", "/dev", *size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     argv += ["--proc", "/proc", *_proc_covers(), *size, "--tmpfs", "/tmp"]
     for root in _python_roots():
-        argv += ["--ro-bind", str(root), str(root)]
+        argv += ["--ro-bind", ro(root), str(root)]
     for path in config.ro_paths:
-        argv += ["--ro-bind", str(path), str(path)]
-    argv += ["--bind", str(workspace), str(workspace)]
+        argv += ["--ro-bind", ro(path), str(path)]
+    argv += ["--bind", rw(workspace), str(workspace)]
     for path in config.rw_paths:
-        argv += ["--bind", str(path), str(path)]
+        argv += ["--bind", rw(path), str(path)]
     if tools_dir is not None:
         # Mounted after the workspace, so a tools dir inside the workspace stays read-only; from a
         # descriptor where there is one, so that what was checked is what gets mounted.
         if tools_dir_fd is not None:
-            argv += ["--ro-bind-fd", str(tools_dir_fd), str(tools_dir)]
+            argv += ro_fd(tools_dir_fd, tools_dir)
         else:
-            argv += ["--ro-bind", str(tools_dir), str(tools_dir)]
+            argv += ["--ro-bind", ro(tools_dir), str(tools_dir)]
     for path, fd in host_dirs:
-        argv += ["--ro-bind-fd", str(fd), str(path)]
+        argv += ro_fd(fd, path)
     for path in hidden:
         argv += ["--tmpfs", str(path), "--remount-ro", str(path)]
     # The connection file and the empty file above: the kernel reads them, it writes nothing here.
-    argv += ["--ro-bind", str(run_dir), str(run_dir)]
+    argv += ["--ro-bind", ro(run_dir), str(run_dir)]
     if socket_dir is not None:
         argv += ["--dir", socket_dir]
     # bwrap's root is a tmpfs in host memory with no size cap; nothing needs to write to it once

@@ -413,15 +413,6 @@ async def test_kill_minus_one_inside_the_sandbox_takes_down_only_the_kernel(
         await still_works(executor)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="/etc entries that are not world-readable are masked when a kernel starts; one created while the "
-    "kernel runs is readable until its next restart: under host root the kernel is uid 0 and owns root's 0600 "
-    "files (owner bits, no capability involved). The fix is an unprivileged host uid for the kernel; bwrap runs "
-    "as one here (unprivileged user namespaces work), but the caller's workspace is then not writable by the "
-    "kernel without an idmapped mount (open_tree + mount_setattr(MOUNT_ATTR_IDMAP), which bwrap 0.8 cannot "
-    "do) or ACLs that would leave the kernel's files owned by a foreign uid. See SECURITY.md, 'Host root'.",
-)
 async def test_a_root_only_secret_elsewhere_in_etc_is_unreadable(executor: CodeExecutor) -> None:
     secret = secrets.token_hex(16)
     planted = Path("/etc") / f"ipybox-hostile-{secrets.token_hex(4)}.key"
