@@ -72,6 +72,7 @@ async def suspended(gateway: Gateway, tools_dir: Path, call_log: Path, secret: b
     """Process A: run the action to its approval request, suspend it, exit; its locator."""
     printed = await worker(gateway, tools_dir, call_log, secret, "suspend", str(ttl))
     assert printed["args"] == {"item_id": "x1"}
+    assert printed["ended"] == "ExecutionSuspended"
     assert calls(call_log) == []
     locator = printed["locator"]
     assert isinstance(locator, str)
@@ -109,6 +110,8 @@ async def test_resumed_in_another_process_with_approval_the_call_runs_once_and_b
     gateway: Gateway, tools_dir: Path, call_log: Path, secret: bytes, workspace: Path
 ) -> None:
     locator = await suspended(gateway, tools_dir, call_log, secret)
+    # A has exited; the kernel it left blocked in the call is still on the gateway.
+    assert payload_of(locator)["kernel"] in gateway.kernel_ids()
     report = await resumed(gateway, tools_dir, call_log, secret, locator, "ask")
     assert report["error"] is None
     # The pending call is asked again in B, with the arguments A received.

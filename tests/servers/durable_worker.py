@@ -55,7 +55,13 @@ async def suspend(url: str, token: str, tools: str, call_log: str, ttl: str, sec
             async for event in execution:
                 if isinstance(event, ApprovalRequest):
                     locator = await ex.suspend(execution, secret=secret, ttl=float(ttl))
-                    print(json.dumps({"locator": locator, "args": dict(event.tool_args)}), flush=True)
+                    try:
+                        await execution
+                        ended = "completed"
+                    except IpyboxError as exc:
+                        ended = type(exc).__name__
+                    report = {"locator": locator, "args": dict(event.tool_args), "ended": ended}
+                    print(json.dumps(report), flush=True)
                     return
             raise SystemExit("the execution ended without asking for approval")
 
