@@ -59,7 +59,8 @@ COMM_ID = "ipybox-tools"
 # The host's acknowledgement or reply to it: a message of this type on the control channel.
 REPLY_TYPE = "ipybox_tool_reply"
 # A suspended execution's hold (ipybox_kernel._remote): ``{"op": "hold", "ttl": s}`` from the host that
-# suspends it, ``{"op": "release", "token": ...}`` from the one that resumes it, on the control channel;
+# suspends it (``{"op": "drop"}`` takes it back), ``{"op": "release", "token": ...}`` from the one that
+# resumes it, on the control channel;
 # answered with a message of `HOLD_REPLY_TYPE`, ``{"ok": bool}``, to the asking client.
 HOLD_TYPE = "ipybox_hold"
 HOLD_REPLY_TYPE = "ipybox_hold_reply"

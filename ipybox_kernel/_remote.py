@@ -168,7 +168,8 @@ def _on_hold(stream: Any, ident: Any, msg: dict[str, Any]) -> None:
     not go on without its host either. ``release`` installs the resuming host's tool token; it
     succeeds once per hold, so a second host resuming the same execution is refused. The timer runs
     on until a pending call is answered (`_on_answer`): a host that took the hold over and was lost
-    before answering leaves the kernel to end at the ttl all the same.
+    before answering leaves the kernel to end at the ttl all the same. ``drop`` takes a hold no host
+    has taken over back (the suspending host found a call decided meanwhile).
     """
     global _hold, _hold_taken
     content: Any = msg.get("content")
@@ -187,6 +188,9 @@ def _on_hold(stream: Any, ident: Any, msg: dict[str, Any]) -> None:
 
             os.environ[TOKEN_ENV] = fields["token"]
             _hold_taken, ok = True, True
+        elif op == "drop" and _hold is not None and not _hold_taken:
+            _hold.cancel()
+            _hold, ok = None, True
     if _kernel is not None:
         _kernel.session.send(stream, HOLD_REPLY_TYPE, {"ok": ok}, msg, ident)
 

@@ -450,6 +450,13 @@ class CodeExecutor:
             await kernel.hold(hold)
         except HeldLost as exc:
             raise kernel.lost_error() from exc
+        if self._gate.current() != (driver, msg_id) or [call.call_id for call in kernel.in_flight()] != [
+            call.call_id for call in held.calls
+        ]:
+            # Decided (or ended) while the kernel was asked to hold: its answer went through, so the
+            # execution goes on here.
+            await kernel.unhold()
+            raise UsageError("a pending call was decided while the execution was being suspended; it goes on here")
         locator = seal_locator(
             held,
             code=execution.code,
@@ -462,7 +469,8 @@ class CodeExecutor:
         )
         if execution.key is not None:
             self._keyed.release(execution, "was suspended; resume it from its locator")
-        # The kernel takes nothing more from here, so ending the execution rejects nothing there.
+        # Together, with no await between: ending the execution rejects its pending calls, and those
+        # rejections must not reach the kernel, which takes nothing more from this host.
         driver.fail(ExecutionSuspended(f"execution {execution.id} was suspended; it goes on where it is resumed"))
         kernel.let_go()
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.interrupt_grace):

@@ -245,20 +245,24 @@ class RemoteKernel:
             self._bridge.receive({"id": call.call_id, "line": call.line})
 
     async def hold(self, ttl: float) -> None:
-        """Put the kernel under a hold that ends its process after ``ttl`` seconds unless released,
-        and send it nothing more from here: no answer, no interrupt, no deletion (a suspended
-        execution's handover; `let_go` then gives it up).
+        """Put the kernel under a hold that ends its process after ``ttl`` seconds unless a pending call
+        is answered first (a suspended execution's handover; `let_go` then gives it up, or `unhold`
+        takes the hold back).
 
         Raises:
             HeldLost: The kernel refused the hold or was lost meanwhile (it is then deleted as usual).
         """
-        ok = await self._hold_request({"op": "hold", "ttl": ttl})
-        if not ok:
+        if not await self._hold_request({"op": "hold", "ttl": ttl}):
             raise HeldLost("the kernel did not take the hold (is its ipybox_kernel older than the host's?)")
-        self._detached = True
+
+    async def unhold(self) -> None:
+        """Take a hold back (the suspension did not happen)."""
+        await self._hold_request({"op": "drop"})
 
     def let_go(self) -> None:
-        """Give a held kernel up for this host: its websocket closes, and the gateway keeps it."""
+        """Give a held kernel up for this host: nothing more is sent to it (no answer, no interrupt),
+        its websocket closes, and it is not deleted: the gateway keeps it for the resuming host."""
+        self._detached = True
         self._lose("its execution was suspended; the kernel is left to the host that resumes it")
 
     async def _hold_request(self, content: dict[str, Any]) -> bool:
