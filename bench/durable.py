@@ -1,14 +1,18 @@
 """Resume latency of a paused code action: in the process that started it, and in a new process.
 
+Both: the time from accepting the tool call's approval request to the first output the code prints
+after the call.
+
     uv run --frozen python bench/durable.py [-n 5]
 
 Starts its own `jupyter kernelgateway` on 127.0.0.1 (the tests' fixture). In-process: an execution on
 a gateway kernel pauses at a tool call's approval; the time from `accept()` to the first output
 printed after the call. New process: a worker process A runs the same code to the approval, suspends
 it and exits; a fresh worker process B enters its executor (its own kernel start, which is not
-counted) and resumes from the locator with an approval: the time from `resume()` (the locator's
-check, re-attaching to the kernel, taking its hold over, replaying the call through B's tool server)
-to the first output printed after the call. Medians of ``n``.
+counted) and resumes from the locator: the time from `resume()` to the call's request raised again
+(the locator's check, re-attaching to the kernel and taking its hold over, replaying the call through
+B's tool server and gate), and from accepting it to the output after the call (B's first call to the
+MCP server starts its session). Medians of ``n``.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from servers.fixtures import stdio_server
 from servers.gateway import Gateway, run_gateway
 
-from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutionChunk, CodeExecutor, GatewayKernel
+from ipybox import ApprovalRequest, CodeExecutionChunk, CodeExecutor, GatewayKernel
 from ipybox._engine._execution import ExecutionEvent
 
 CODE = (
@@ -47,19 +51,17 @@ def executor(url: str, token: str, workspace: str) -> CodeExecutor:
     return CodeExecutor(workspace=workspace, tools_dir=None, kernel=kernel)
 
 
-async def after_the_call(
-    events: AsyncIterable[ExecutionEvent], start: float, asked: list[float] | None = None
-) -> float:
-    """Seconds from ``start`` to the chunk that says 'after' (approving what is asked meanwhile); the
-    seconds to the call's request go to ``asked``."""
+async def after_the_call(events: AsyncIterable[ExecutionEvent]) -> tuple[float, float]:
+    """At the call's approval request, accept it: the seconds until the request came, and from the
+    acceptance to the chunk that says 'after'."""
+    start = time.perf_counter()
+    asked = 0.0
     async for event in events:
         if isinstance(event, ApprovalRequest):
-            if asked is not None:
-                asked.append(time.perf_counter() - start)
-            if event.decision is None:
-                await event.accept()
+            asked = time.perf_counter()
+            await event.accept()
         elif isinstance(event, CodeExecutionChunk) and "after" in event.text:
-            return time.perf_counter() - start
+            return asked - start, time.perf_counter() - asked
     raise RuntimeError("the execution ended without its output after the call")
 
 
@@ -70,12 +72,7 @@ async def in_process(gateway: Gateway, n: int) -> list[float]:
             ex.register_mcp_server("test", stdio_server())
             for _ in range(n):
                 execution = ex.execute(CODE)
-                async for event in execution:
-                    if isinstance(event, ApprovalRequest):
-                        start = time.perf_counter()
-                        await event.accept()
-                        samples.append(await after_the_call(execution.events(len(execution.log)), start))
-                        break
+                samples.append((await after_the_call(execution))[1])
                 await execution
     return samples
 
@@ -92,11 +89,9 @@ async def worker(mode: str, url: str, token: str, secret: bytes) -> None:
                         print(await ex.suspend(execution, secret=secret, ttl=600), flush=True)
                         return
             locator = sys.stdin.read().strip()
-            start = time.perf_counter()
-            execution = ex.resume(locator, secret=secret, decision=ApprovalDecision(approved=True))
-            asked: list[float] = []
-            after = await after_the_call(execution, start, asked)
-            print(json.dumps({"resume": after, "asked": asked[0]}), flush=True)
+            execution = ex.resume(locator, secret=secret)
+            asked, after = await after_the_call(execution)
+            print(json.dumps({"resume": after, "asked": asked}), flush=True)
             await execution
 
 
@@ -119,12 +114,12 @@ async def main(n: int) -> None:
         here = await in_process(gateway, n)
         attached: list[float] = []
         there = await new_process(gateway, n, attached)
-    print(f"| median of {n} | approval answered -> first output after the call |")
-    print("| --- | --- |")
-    print(f"| in the same process (accept()) | {statistics.median(here) * 1000:.1f} ms |")
-    print(f"| in a new process (resume() from the locator) | {statistics.median(there) * 1000:.1f} ms |")
-    asked = statistics.median(attached) * 1000
-    print(f"(new process: resume() -> the pending call's request raised again, re-attached: {asked:.1f} ms)")
+    print(f"| median of {n} | resume() -> request asked again | accept() -> first output after the call |")
+    print("| --- | --- | --- |")
+    print(f"| in the same process | - | {statistics.median(here) * 1000:.1f} ms |")
+    print(
+        f"| in a new process | {statistics.median(attached) * 1000:.1f} ms | {statistics.median(there) * 1000:.1f} ms |"
+    )
 
 
 if __name__ == "__main__":

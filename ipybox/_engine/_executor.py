@@ -540,7 +540,8 @@ class CodeExecutor:
             locator: What `suspend` returned.
             secret: The secret it was made with.
             decision: The decision on every call that waited when it was suspended (an answer a
-                person gave meanwhile); None: ask again.
+                person gave meanwhile), applied without an `ApprovalRequest` event (the tool-call
+                hook and the trace record it); None: ask again.
 
         Raises:
             InvalidLocator: Not made with ``secret``, changed, or not a locator.
