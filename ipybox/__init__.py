@@ -32,9 +32,11 @@ if TYPE_CHECKING:
     from ._exceptions import ExecutionCancelled as ExecutionCancelled
     from ._exceptions import ExecutionError as ExecutionError
     from ._exceptions import ExecutionLost as ExecutionLost
+    from ._exceptions import ExecutionSuspended as ExecutionSuspended
     from ._exceptions import ExecutionTimeout as ExecutionTimeout
     from ._exceptions import FileTransferError as FileTransferError
     from ._exceptions import GenerationError as GenerationError
+    from ._exceptions import InvalidLocator as InvalidLocator
     from ._exceptions import InvalidSkill as InvalidSkill
     from ._exceptions import IpyboxError as IpyboxError
     from ._exceptions import KernelConnectionLost as KernelConnectionLost
@@ -102,12 +104,14 @@ _LAZY = {
     "ExecutionCancelled": "._exceptions",
     "ExecutionError": "._exceptions",
     "ExecutionLost": "._exceptions",
+    "ExecutionSuspended": "._exceptions",
     "ExecutionTimeout": "._exceptions",
     "FileTransferError": "._exceptions",
     "GatewayKernel": "._gateway._gatewaykernel",
     "GenerationError": "._exceptions",
     "HttpServer": "._mcp._servers",
     "Image": "._engine._results",
+    "InvalidLocator": "._exceptions",
     "InvalidSkill": "._exceptions",
     "IpyboxError": "._exceptions",
     "KernelConnectionLost": "._exceptions",
@@ -172,12 +176,14 @@ __all__ = (
     "ExecutionCancelled",
     "ExecutionError",
     "ExecutionLost",
+    "ExecutionSuspended",
     "ExecutionTimeout",
     "FileTransferError",
     "GatewayKernel",
     "GenerationError",
     "HttpServer",
     "Image",
+    "InvalidLocator",
     "InvalidSkill",
     "IpyboxError",
     "KernelConnectionLost",

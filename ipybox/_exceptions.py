@@ -16,7 +16,9 @@ second::
     │   ├── CodeExecutionError    the code raised (ename, evalue, traceback)
     │   ├── ExecutionTimeout      it ran past its timeout and was interrupted
     │   └── ExecutionCancelled    it was cancelled
+    │       └── ExecutionSuspended    it was handed over to a locator, to go on where it is resumed
     ├── ExecutionLost             an execution key or approval id is not known (any more)
+    ├── InvalidLocator            a suspended execution's locator was refused (not made with this secret)
     ├── FileTransferError         a file was not copied to or from a kernel on a gateway (path, reason)
     ├── MCPServerError            an MCP server could not be reached or failed (server_name)
     └── GenerationError           typed sources could not be generated for a server (server_name)
@@ -32,9 +34,11 @@ __all__ = (
     "ExecutionCancelled",
     "ExecutionError",
     "ExecutionLost",
+    "ExecutionSuspended",
     "ExecutionTimeout",
     "FileTransferError",
     "GenerationError",
+    "InvalidLocator",
     "InvalidSkill",
     "IpyboxError",
     "KernelDied",
@@ -168,6 +172,16 @@ class ExecutionTimeout(ExecutionError, TimeoutError):
 
 class ExecutionCancelled(ExecutionError):
     """The execution was cancelled before it completed."""
+
+
+class ExecutionSuspended(ExecutionCancelled):
+    """The execution was suspended (`CodeExecutor.suspend`): it goes on in the executor that resumes
+    it from its locator, which gets its result; this executor no longer runs it."""
+
+
+class InvalidLocator(IpyboxError, ValueError):
+    """A suspended execution's locator was refused: it was not made with this secret, was changed,
+    or is not a locator of a format this ipybox reads. Nothing was run."""
 
 
 class ExecutionLost(IpyboxError, LookupError):

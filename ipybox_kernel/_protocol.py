@@ -15,6 +15,8 @@ __all__ = (
     "COMM_ID",
     "ERROR_KINDS",
     "EXECUTION_ENV",
+    "HOLD_REPLY_TYPE",
+    "HOLD_TYPE",
     "MARK_TYPE",
     "MAX_JSON_DEPTH",
     "MAX_JSON_VALUES",
@@ -56,6 +58,12 @@ MARK_TYPE = "ipybox_mark"
 COMM_ID = "ipybox-tools"
 # The host's acknowledgement or reply to it: a message of this type on the control channel.
 REPLY_TYPE = "ipybox_tool_reply"
+# A suspended execution's hold (ipybox_kernel._remote): ``{"op": "hold", "ttl": s}`` from the host that
+# suspends it (``{"op": "drop"}`` takes it back), ``{"op": "release", "token": ...}`` from the one that
+# resumes it, on the control channel;
+# answered with a message of `HOLD_REPLY_TYPE`, ``{"ok": bool}``, to the asking client.
+HOLD_TYPE = "ipybox_hold"
+HOLD_REPLY_TYPE = "ipybox_hold_reply"
 
 # -- limits of the tool channel (the host enforces them; the kernel fails early on its side) -------
 

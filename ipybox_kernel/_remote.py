@@ -27,7 +27,7 @@ import threading
 import uuid
 from typing import Any
 
-from ._protocol import COMM_ID, REPLY_TYPE, TRANSPORT_ENV, TRANSPORT_KERNEL
+from ._protocol import COMM_ID, HOLD_REPLY_TYPE, HOLD_TYPE, REPLY_TYPE, TOKEN_ENV, TRANSPORT_ENV, TRANSPORT_KERNEL
 
 __all__ = ("install", "round_trip")
 
@@ -53,6 +53,12 @@ _calls: dict[str, PendingCall] = {}
 resent = 0
 _lock = threading.Lock()
 _kernel: Any = None
+# The timer that ends this kernel's process when a suspended execution's hold runs out (`_on_hold`).
+_hold: threading.Timer | None = None
+# Whether a host has taken the current hold over (`_on_hold`): once per hold.
+_hold_taken = False
+# How the process ends when its hold runs out: the code is never resumed, and nothing of it may run on.
+_HOLD_EXPIRED_STATUS = 75
 # The largest request message the kernel may send (the output guard drops larger ones, and the host
 # refuses them); None without a limit.
 _message_bytes: int | None = None
@@ -76,6 +82,7 @@ def install(output: int | None, message_bytes: int | None) -> None:
     shell: Any = get_ipython()
     kernel: Any = shell.kernel
     kernel.control_handlers[REPLY_TYPE] = _on_answer
+    kernel.control_handlers[HOLD_TYPE] = _on_hold
     # ipykernel sleeps before each execute_reply for front ends that stop at the reply; the host
     # reads on until the idle status (as ipybox_kernel._launch sets for local kernels).
     kernel._execute_sleep = 0
@@ -146,7 +153,63 @@ def _on_answer(_stream: Any, _ident: Any, msg: dict[str, Any]) -> None:
         return  # a late answer to a call that was cancelled
     line = fields.get("line")
     if isinstance(line, str):
+        _end_hold()
         call.reply = line.encode() + b"\n"
         call.done.set()
     elif fields.get("ack") is True:
         call.acked = True
+
+
+def _on_hold(stream: Any, ident: Any, msg: dict[str, Any]) -> None:
+    """ipykernel's control handler for `HOLD_TYPE`: hold a suspended execution, or release it once.
+
+    ``hold`` starts a timer that ends the kernel's process after ``ttl`` seconds: a suspended
+    execution nobody resumed must not keep the kernel (and the call it blocks in) for ever, and must
+    not go on without its host either. ``release`` installs the resuming host's tool token; it
+    succeeds once per hold, so a second host resuming the same execution is refused. The timer runs
+    on until a pending call is answered (`_on_answer`): a host that took the hold over and was lost
+    before answering leaves the kernel to end at the ttl all the same. ``drop`` takes a hold no host
+    has taken over back (the suspending host found a call decided meanwhile).
+    """
+    global _hold, _hold_taken
+    content: Any = msg.get("content")
+    fields: dict[str, Any] = content if isinstance(content, dict) else {}  # pyright: ignore[reportUnknownVariableType]
+    op, ok = fields.get("op"), False
+    with _lock:
+        if op == "hold" and isinstance(fields.get("ttl"), (int, float)) and fields["ttl"] > 0:
+            if _hold is not None:
+                _hold.cancel()
+            _hold = threading.Timer(float(fields["ttl"]), _expire)
+            _hold.daemon = True
+            _hold.start()
+            _hold_taken, ok = False, True
+        elif op == "release" and isinstance(fields.get("token"), str) and _hold is not None and not _hold_taken:
+            import os
+
+            os.environ[TOKEN_ENV] = fields["token"]
+            _hold_taken, ok = True, True
+        elif op == "drop" and _hold is not None and not _hold_taken:
+            _hold.cancel()
+            _hold, ok = None, True
+    if _kernel is not None:
+        _kernel.session.send(stream, HOLD_REPLY_TYPE, {"ok": ok}, msg, ident)
+
+
+def _end_hold() -> None:
+    """A pending call was answered: the execution goes on, and no hold ends the kernel any more."""
+    global _hold
+    with _lock:
+        if _hold is not None:
+            _hold.cancel()
+            _hold = None
+
+
+def _expire() -> None:
+    """The hold ran out before any host resumed it: end the process (the gateway may start a fresh one)."""
+    import os
+
+    with _lock:
+        if _hold is not threading.current_thread():
+            return  # released (or held anew) just now
+        # Under the lock: no release can succeed between this check and the end.
+        os._exit(_HOLD_EXPIRED_STATUS)

@@ -27,6 +27,7 @@ FAST = {
     "tests/test_protocol.py",
     "tests/test_unixsocket.py",
     "tests/test_requests.py",
+    "tests/test_locator.py",
     "tests/test_docs.py::test_the_api_reference_documents_every_public_name_and_nothing_else",
     "tests/test_docs.py::test_every_cookbook_notebook_is_in_the_site_navigation",
     "tests/test_snippets.py::test_the_pages_have_python_blocks_to_check",

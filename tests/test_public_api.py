@@ -78,3 +78,11 @@ def test_each_kernel_source_is_public_and_has_the_kernel_source_shape() -> None:
     for source in sources:
         assert callable(source.open) and callable(source.settings_for)
     assert [source.remote for source in sources] == [False, False, True]
+
+
+def test_durable_approvals_are_two_executor_methods_and_two_errors() -> None:
+    # Issue #31: suspend a paused execution to a locator, resume it anywhere; refusals are typed.
+    assert callable(ipybox.CodeExecutor.suspend) and callable(ipybox.CodeExecutor.resume)
+    assert issubclass(ipybox.ExecutionSuspended, ipybox.ExecutionCancelled)
+    assert issubclass(ipybox.InvalidLocator, ipybox.IpyboxError)
+    assert {"ExecutionSuspended", "InvalidLocator"} <= set(ipybox.__all__)

@@ -8,14 +8,16 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, NoReturn, Self, cast
+from typing import TYPE_CHECKING, Literal, NoReturn, Self, cast
 
 import anyio
 import anyio.abc
 from opentelemetry import context as otel_context
 
+from ipybox._approval._decisions import ApprovalDecision, ApprovalRequest
 from ipybox._approval._policies import Approval, check_approval
-from ipybox._exceptions import ExecutionCancelled, KernelStartError, UsageError
+from ipybox._exceptions import ExecutionCancelled, ExecutionLost, ExecutionSuspended, KernelStartError, UsageError
+from ipybox._gateway._held import HeldCall
 from ipybox._gateway._transfer import RemoteFiles
 from ipybox._kernel import KernelHandle, KernelSource
 from ipybox._kernel._home import check_bytecode
@@ -48,9 +50,16 @@ from ipybox.skills._store import SAVE_SKILL_SCHEMA, Skill, skill_arguments
 from ._execution import Execution, ExecutionDriver, open_execution
 from ._gate import ApprovalGate
 from ._keyed import KeyedExecutions
+from ._results import CodeExecutionChunk
 from ._running import run_execution
 from ._toolevents import ToolCallHook
 from ._tracing import ActionTracer, Tracing
+
+if TYPE_CHECKING:
+    from ipybox._gateway._held import HeldKernel
+    from ipybox._gateway._remotekernel import RemoteKernel
+
+    from ._suspension import Suspension
 
 __all__ = ("CodeExecutor",)
 
@@ -401,6 +410,232 @@ class CodeExecutor:
         # The caller's context (a framework's tool span, say): the code action's span goes under it.
         tg.start_soon(self._drive, driver, otel_context.get_current())
         return execution
+
+    async def suspend(self, execution: Execution, *, secret: bytes, ttl: float) -> str:
+        """Hand a paused execution over to another process: return its locator, and let it go here.
+
+        The execution must be the one running, on a `GatewayKernel`, with every tool call it makes
+        waiting for approval (iterate it until an `ApprovalRequest`, then suspend instead of
+        answering). The kernel stays on the gateway, blocked in those calls; this executor sends it
+        nothing more and does not delete it, and the execution ends here with `ExecutionSuspended`
+        (the next execution here gets a fresh kernel). Any process can then `resume` it from the
+        locator with the same ``secret``, once, within ``ttl``: it is asked again for the pending
+        calls (or given a decision), and gets the rest of the output and the result.
+
+        Store the locator where your framework keeps its state; it holds the code, the pending
+        calls' arguments and the output so far (which may be personal data), nothing secret, and is
+        signed with ``secret`` (HMAC-SHA256): a changed one is refused. See "Durable approvals" in
+        the documentation.
+
+        Args:
+            execution: The running execution, paused at its approval requests.
+            secret: The application's key for locators: at least 32 random bytes, the same on every
+                worker, and never where kernel code can read it.
+            ttl: Seconds the kernel holds the execution for a resume (hours are fine); then the
+                kernel's process ends and resuming raises `ExecutionLost`.
+
+        Raises:
+            UsageError: The execution is not running here, not paused at tool-call approvals only,
+                or not on a gateway kernel; or ``secret`` or ``ttl`` is not valid.
+            KernelConnectionLost: The kernel was lost before it took the hold.
+        """
+        from ._suspension import check_hold, check_secret, seal_locator
+
+        self._require_running()
+        secret, hold = check_secret(secret), check_hold(ttl)
+        kernel, driver, msg_id, held = await self._pending_held(execution)
+        from ipybox._gateway._held import HeldLost
+
+        try:
+            await kernel.hold(hold)
+        except HeldLost as exc:
+            raise kernel.lost_error() from exc
+        if self._gate.current() != (driver, msg_id) or [call.call_id for call in kernel.in_flight()] != [
+            call.call_id for call in held.calls
+        ]:
+            # Decided (or ended) while the kernel was asked to hold: its answer went through, so the
+            # execution goes on here.
+            await kernel.unhold()
+            raise UsageError("a pending call was decided while the execution was being suspended; it goes on here")
+        locator = seal_locator(
+            held,
+            code=execution.code,
+            key=execution.key,
+            timeout=execution.timeout,
+            ttl=execution.ttl,
+            output=[event for event in execution.log if isinstance(event, CodeExecutionChunk)],
+            hold=hold,
+            secret=secret,
+        )
+        if execution.key is not None:
+            self._keyed.release(execution, "was suspended; resume it from its locator")
+        # Together, with no await between: ending the execution rejects its pending calls, and those
+        # rejections must not reach the kernel, which takes nothing more from this host.
+        driver.fail(ExecutionSuspended(f"execution {execution.id} was suspended; it goes on where it is resumed"))
+        kernel.let_go()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.timeouts.interrupt_grace):
+            # The websocket closed: the gateway keeps the kernel's messages for the resuming host.
+            await kernel.closed.wait()
+        logger.info("suspended execution %s (msg %s) on kernel %s", execution.id, msg_id, held.kernel_id)
+        return locator
+
+    async def _pending_held(self, execution: Execution) -> tuple[RemoteKernel, ExecutionDriver, str, HeldKernel]:
+        """The running execution's kernel, driver and request id, and what a locator holds of it.
+
+        Raises:
+            UsageError: It cannot be suspended now (see `suspend`).
+        """
+        from ipybox._gateway._gatewaykernel import GatewayKernel
+        from ipybox._gateway._held import HeldKernel
+        from ipybox._gateway._remotekernel import RemoteKernel
+
+        current = self._gate.current()
+        if current is None or current[0].execution is not execution:
+            raise UsageError(f"only the running execution can be suspended; {execution!r} is not running here")
+        driver, msg_id = current
+        kernel = self._kernels.kernel
+        if not isinstance(self.kernel, GatewayKernel) or not isinstance(kernel, RemoteKernel):
+            raise UsageError(
+                "only an execution on a GatewayKernel can be suspended: its kernel outlives this process on "
+                "the gateway (a local kernel ends with its executor)"
+            )
+        pending = [
+            request for request in execution.log if isinstance(request, ApprovalRequest) and request.decision is None
+        ]
+        if not pending or any(type(request) is not ApprovalRequest for request in pending):
+            raise UsageError(
+                "an execution can be suspended while tool calls wait for approval, and only then (not while "
+                "a network connection or an MCP server's question waits); iterate it to an ApprovalRequest"
+            )
+        calls = kernel.in_flight()
+        if len(calls) != len(pending) or kernel.kernel_session is None:
+            raise UsageError(
+                "a tool call of this execution is running or being checked: suspend once every call waits for approval"
+            )
+        held = HeldKernel(
+            url=self.kernel.base,
+            kernel_id=kernel.kernel_id,
+            session=kernel.link.session,
+            kernel_session=kernel.kernel_session,
+            msg_id=msg_id,
+            calls=tuple(calls),
+        )
+        return kernel, driver, msg_id, held
+
+    def resume(self, locator: str, *, secret: bytes, decision: ApprovalDecision | None = None) -> Execution:
+        """Resume a suspended execution from its locator, in this process, and return it.
+
+        The locator is verified with ``secret`` first (nothing runs unless it was made with it and
+        is unchanged, and not expired). This executor's kernel is then replaced by the suspended
+        one on the gateway (re-attached with the same session, so the gateway replays what the
+        kernel sent meanwhile), the pending tool calls are raised again as `ApprovalRequest` events
+        of the returned execution, decided by this executor's policy or the application as usual,
+        or by ``decision`` if given, and the rest of the code runs once. The execution's events
+        start with the output sent before it was suspended.
+
+        This executor needs the same `GatewayKernel` URL and the MCP servers the suspended one had
+        (its tools directory); its approval policy and tool token are its own.
+
+        Args:
+            locator: What `suspend` returned.
+            secret: The secret it was made with.
+            decision: The decision on every call that waited when it was suspended (an answer a
+                person gave meanwhile), applied without an `ApprovalRequest` event (the tool-call
+                hook and the trace record it); None: ask again.
+
+        Raises:
+            InvalidLocator: Not made with ``secret``, changed, or not a locator.
+            ExecutionLost: It expired. If the kernel is gone (its hold ran out, the gateway
+                restarted, it was resumed elsewhere already), the returned execution fails with
+                `ExecutionLost` instead; in both cases nothing was re-run.
+            UsageError: This executor's kernel is not a `GatewayKernel` at the locator's URL.
+        """
+        from ipybox._gateway._gatewaykernel import GatewayKernel
+
+        from ._suspension import check_secret, read_locator
+
+        tg = self._require_running()
+        suspension = read_locator(locator, check_secret(secret))
+        if not isinstance(self.kernel, GatewayKernel) or self.kernel.base != suspension.held.url:
+            raise UsageError(
+                f"the suspended execution's kernel is on the gateway at {suspension.held.url}; resume it with an "
+                "executor whose kernel is GatewayKernel at that URL"
+            )
+        if decision is not None and not isinstance(decision, ApprovalDecision):  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise UsageError(f"decision must be an ApprovalDecision or None, got {decision!r}")
+        if suspension.key is not None:
+            existing = self._keyed.existing(suspension.key, suspension.code)
+            if existing is not None:
+                return existing  # resumed in this executor already
+        execution, driver = open_execution(
+            suspension.code, key=suspension.key, timeout=suspension.timeout, ttl=suspension.ttl
+        )
+        if suspension.key is not None:
+            self._keyed.add(execution)
+            driver.on_delivered(self._keyed.release)
+        tg.start_soon(self._drive_resumed, driver, suspension, decision, otel_context.get_current())
+        return execution
+
+    async def _drive_resumed(
+        self,
+        driver: ExecutionDriver,
+        suspension: Suspension,
+        decision: ApprovalDecision | None,
+        parent: otel_context.Context,
+    ) -> None:
+        from ipybox._gateway._gatewaykernel import GatewayKernel
+        from ipybox._gateway._opening import open_held_kernel
+        from ipybox._gateway._remotekernel import RemoteKernel
+
+        from ._suspension import pending_request, request_mark, with_token
+
+        execution, held = driver.execution, suspension.held
+        assert isinstance(self.kernel, GatewayKernel)
+        driver.span = self._tracer.start_action(
+            execution_id=execution.id, key=execution.key, code=execution.code, parent=parent
+        )
+        try:
+            with driver.cancel_scope():
+                async with self._lock:
+                    via = functools.partial(open_held_kernel, self.kernel, held)
+                    try:
+                        kernel = await self._kernels.replace(functools.partial(self._side.open, via=via))
+                    except KernelStartError as exc:
+                        driver.fail(ExecutionLost(f"the suspended execution is lost; nothing was re-run: {exc}"))
+                        return
+                    assert isinstance(kernel, RemoteKernel)
+                    calls = [HeldCall(call.call_id, with_token(call.line, self._side.token)) for call in held.calls]
+                    for call in calls:
+                        mark = request_mark(call.line)
+                        if mark is not None:
+                            driver.marks.add(mark)  # its output came before the suspension, to the other host
+                    try:
+                        async with self._gate.running(driver, held.msg_id, kernel):
+                            if decision is not None:
+                                for call in calls:
+                                    request = pending_request(call.line, self._side.token)
+                                    if request is not None:
+                                        self._gate.preset(request, decision)
+                            for call in calls:
+                                kernel.feed(call)
+                            await run_execution(
+                                kernel,
+                                driver,
+                                held.msg_id,
+                                workspace=self.workspace,
+                                output_chars=self.limits.output_chars,
+                                interrupt_grace=self.timeouts.interrupt_grace,
+                                on_expired=self._keyed.release,
+                                events=kernel.follow(held.msg_id),
+                                before=suspension.output,
+                            )
+                    finally:
+                        if self._proxy is not None:
+                            self._proxy.end_execution(execution.id)
+            if not driver.done:
+                driver.fail(ExecutionCancelled("the execution was cancelled"))
+        finally:
+            ActionTracer.end_action(driver.span, *driver.outcome, driver.account.snapshot())
 
     def attach(self, key: str) -> Execution:
         """The execution started with this key.

@@ -16,6 +16,7 @@ the earlier code action and the fix (SECURITY.md, "Attribution of requests").
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -116,6 +117,9 @@ class ApprovalGate:
         # what the running execution's requests say about them (ApprovalRequest.left_running).
         self._left: LeftRunning | None = None
         self._left_running: str | None = None
+        # Decisions made before their requests were asked (a resumed execution's), for the running
+        # execution's calls with exactly these requests (`preset`), each taken once.
+        self._presets: dict[str, ApprovalDecision] = {}
 
     @asynccontextmanager
     async def running(self, driver: ExecutionDriver, msg_id: str, kernel: KernelHandle) -> AsyncGenerator[None]:
@@ -134,10 +138,23 @@ class ApprovalGate:
             yield
         finally:
             self._driver = self._msg_id = self._left_running = None
+            self._presets.clear()
             self._left.end(driver.execution.id)
             # Both: the executor's policy may have been changed while it ran.
             self._remember(began, driver.execution.id)
             self._remember(self._policy_of(driver), driver.execution.id)
+
+    def current(self) -> tuple[ExecutionDriver, str] | None:
+        """The driver of the execution that runs now and the kernel's id for it, if one runs."""
+        if self._driver is None or self._msg_id is None:
+            return None
+        return self._driver, self._msg_id
+
+    def preset(self, call: ToolRequest, decision: ApprovalDecision) -> None:
+        """Decide the running execution's next request for exactly ``call`` (the token aside) with
+        ``decision`` instead of asking: a decision given with a resumed execution for its pending
+        call. Taken once; dropped when the execution ends."""
+        self._presets[_preset_key(call)] = decision
 
     def running_id(self) -> str | None:
         """The id of the execution that runs now, if one does."""
@@ -175,7 +192,8 @@ class ApprovalGate:
             call_site=call_site_of(driver.execution.code, call.line, call.module),
             left_running=self._left_running,
         )
-        return await self._decide(driver, request, after_mark=call.mark, call=call)
+        preset = self._presets.pop(_preset_key(call), None) if self._presets else None
+        return await self._decide(driver, request, after_mark=call.mark, call=call, preset=preset)
 
     async def elicitation(
         self, call: ToolRequest, *, server: str, fields: Mapping[str, Any], refusal: str | None = None
@@ -405,6 +423,11 @@ def _fields(driver: ExecutionDriver | None, call_id: str | None, server: str, to
         "execution_id": None if execution is None else execution.id,
         "execution_key": None if execution is None else execution.key,
     }
+
+
+def _preset_key(call: ToolRequest) -> str:
+    """What identifies one call's request for `ApprovalGate.preset`: all of it but the token."""
+    return json.dumps(call.model_dump(exclude={"token"}), sort_keys=True, default=str)
 
 
 def _same(a: Approval, b: Approval) -> bool:

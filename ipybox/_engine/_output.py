@@ -59,6 +59,10 @@ class OutputCollector:
             self._text.append(text)
             self._driver.emit(CodeExecutionChunk(text=text, stream=stream))
 
+    def replay(self, chunk: CodeExecutionChunk) -> None:
+        """Emit output an earlier host received for this execution (a resumed one), within the cap."""
+        self._emit_text(chunk.text, chunk.stream)
+
     def add(self, event: KernelEvent) -> None:
         match event:
             case Stream(name=name, text=text):

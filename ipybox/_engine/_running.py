@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import anyio
 
 from ipybox._exceptions import CodeExecutionError, ExecutionCancelled, ExecutionTimeout, IpyboxError, KernelDied
-from ipybox._kernel import KernelHandle
+from ipybox._kernel import KernelEvent, KernelHandle
 
 from ._execution import Execution, ExecutionDriver
 from ._output import OutputCollector, clean_traceback
+from ._results import CodeExecutionChunk
 
 __all__ = ("run_execution",)
 
@@ -25,8 +26,13 @@ async def run_execution(
     output_chars: int,
     interrupt_grace: float,
     on_expired: Callable[[Execution, str], None],
+    events: AsyncIterator[KernelEvent] | None = None,
+    before: Sequence[CodeExecutionChunk] = (),
 ) -> None:
     """Run the driver's code on ``kernel`` and settle its outcome.
+
+    ``events``: the kernel's events of an execution already running (a resumed one), instead of
+    running the code; ``before``: the output it had sent to the host that suspended it.
 
     Timeouts interrupt the kernel and kill it if it does not stop within ``interrupt_grace``;
     cancellation (`Execution.cancel`, shutdown) does the same and re-raises. ``on_expired`` is
@@ -34,6 +40,8 @@ async def run_execution(
     """
     execution = driver.execution
     collector = OutputCollector(workspace, driver, output_chars)
+    for chunk in before:
+        collector.replay(chunk)
     finished = anyio.Event()
     error: IpyboxError | None = None
     timed_out = restarted = False
@@ -41,7 +49,7 @@ async def run_execution(
     async def consume() -> None:
         nonlocal error
         try:
-            async for event in kernel.execute(execution.code, msg_id=msg_id):
+            async for event in events if events is not None else kernel.execute(execution.code, msg_id=msg_id):
                 collector.add(event)
         except KernelDied as exc:
             error = exc

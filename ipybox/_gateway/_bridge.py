@@ -63,6 +63,8 @@ class ToolBridge:
         self._tg = task_group
         self._max_calls = max_calls
         self._calls: dict[str, anyio.CancelScope] = {}
+        # The request line of each call in flight, as received: what a suspended execution hands on.
+        self._lines: dict[str, str] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
 
     def receive(self, data: Mapping[str, Any]) -> None:
@@ -94,8 +96,13 @@ class ToolBridge:
             self._finish(call_id)
             return
         scope = self._calls[call_id] = anyio.CancelScope()
+        self._lines[call_id] = line
         self._answer({"id": call_id, "ack": True})
         self._tg.start_soon(self._carry, call_id, line, scope)
+
+    def in_flight(self) -> list[tuple[str, str]]:
+        """The calls in flight: each one's id and request line, as the kernel sent them."""
+        return list(self._lines.items())
 
     def cancel_all(self) -> None:
         """Cancel every call in flight (the kernel is gone)."""
@@ -119,6 +126,7 @@ class ToolBridge:
                 self._answer({"id": call_id, "line": reply.decode().rstrip("\n")})
         finally:
             self._calls.pop(call_id, None)
+            self._lines.pop(call_id, None)
             self._finish(call_id)
 
     def _finish(self, call_id: str) -> None:

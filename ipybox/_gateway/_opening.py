@@ -9,10 +9,11 @@ from contextlib import asynccontextmanager
 
 from ipybox._exceptions import UsageError
 from ipybox._gateway._gatewaykernel import GatewayKernel
+from ipybox._gateway._held import HeldKernel
 from ipybox._kernel import KernelHandle, KernelHost, message_limit
 from ipybox._settings import KernelSettings, SandboxConfig
 
-__all__ = ("gateway_settings", "open_gateway_kernel")
+__all__ = ("gateway_settings", "open_gateway_kernel", "open_held_kernel")
 
 
 def gateway_settings(gateway: GatewayKernel, requested: KernelSettings) -> KernelSettings:
@@ -59,5 +60,25 @@ async def open_gateway_kernel(gateway: GatewayKernel, host: KernelHost) -> Async
     )
     async with RemoteKernel.start(
         gateway, limits=limits, start_timeout=host.start_timeout, tool_socket=host.tool_socket, setup=cells
+    ) as kernel:
+        yield kernel
+
+
+@asynccontextmanager
+async def open_held_kernel(gateway: GatewayKernel, held: HeldKernel, host: KernelHost) -> AsyncGenerator[KernelHandle]:
+    """Re-attach to the kernel a suspended execution left on the gateway (see `RemoteKernel.attach`).
+
+    Nothing is pushed into it: it holds the suspending host's ipybox_kernel and tool modules, and its
+    only new setting is this host's tool token.
+    """
+    from ipybox._gateway._remotekernel import RemoteKernel
+
+    async with RemoteKernel.attach(
+        gateway,
+        held,
+        limits=host.settings.limits,
+        attach_timeout=host.start_timeout,
+        tool_socket=host.tool_socket,
+        token=host.token,
     ) as kernel:
         yield kernel

@@ -28,8 +28,9 @@ import json
 import logging
 import ssl
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,6 +42,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus
 from ipybox._exceptions import KernelConnectionLost, KernelStartError
 from ipybox._gateway._bridge import ToolBridge
 from ipybox._gateway._gatewaykernel import GatewayKernel
+from ipybox._gateway._held import HeldCall, HeldKernel, HeldLost
 from ipybox._gateway._isolationcheck import check_expression, refusal
 from ipybox._gateway._link import Link
 from ipybox._gateway._recovery import Recovery
@@ -57,7 +59,7 @@ from ipybox._kernel._requests import ChannelName, Requests
 from ipybox._settings import Limits
 from ipybox._toolserver._channel import MAX_JSON_VALUES
 from ipybox._toolserver._parse import shape_problem
-from ipybox_kernel._protocol import COMM_ID, REPLY_TYPE
+from ipybox_kernel._protocol import COMM_ID, HOLD_REPLY_TYPE, HOLD_TYPE, REPLY_TYPE
 
 __all__ = ("RemoteKernel",)
 
@@ -88,6 +90,7 @@ class RemoteKernel:
         kernel_id: str,
         http: httpx.AsyncClient,
         limits: Limits,
+        session: str | None = None,
     ) -> None:
         self.config = config
         self.kernel_id = kernel_id
@@ -95,10 +98,17 @@ class RemoteKernel:
         self._message_limit = message_limit(limits.output_chars)
         self._bridge: ToolBridge | None = None
         self._deleted: anyio.Event | None = None
+        # Set when a suspended execution leaves the kernel blocked for another host: nothing more is
+        # sent to it, and it is not deleted.
+        self._detached = False
+        # Not deleted on exit: a held kernel this host has not (yet) taken over.
+        self._kept = False
         self.exit_code: int | None = None
         self.stop_reason: str | None = None
         """Why the kernel is gone for the host, once it is."""
         self.exited = anyio.Event()
+        self.closed = anyio.Event()
+        """Set once the websocket is closed and the kernel deleted (or, held, left to the gateway)."""
         self._requests = Requests(
             self,
             budget=self._message_limit,
@@ -109,7 +119,12 @@ class RemoteKernel:
         )
         self._waiters = self._requests.waiters
         self.link = Link(
-            config, kernel_id, uuid.uuid4().hex, frame_limit=self.frame_limit, route=self._route, stopped=self.exited
+            config,
+            kernel_id,
+            session or uuid.uuid4().hex,
+            frame_limit=self.frame_limit,
+            route=self._route,
+            stopped=self.exited,
         )
         self._recovery = Recovery(
             self._waiters,
@@ -178,6 +193,8 @@ class RemoteKernel:
         """``DELETE`` the kernel on the gateway, once; failures are logged, not raised. A second caller
         waits for the first's request: `start` closes the HTTP client after this returns, and must not
         cut a deletion a transfer's `kill_and_wait` has under way."""
+        if self._detached or self._kept:
+            return
         if self._deleted is not None:
             await self._deleted.wait()
             return
@@ -202,6 +219,95 @@ class RemoteKernel:
         finally:
             self._deleted.set()
 
+    # -- suspension (ipybox._gateway._held) ---------------------------------------------------------
+
+    @property
+    def kernel_session(self) -> str | None:
+        """The kernel process's own session id (from its kernel_info_reply)."""
+        session = self._recovery.kernel_session
+        return session if isinstance(session, str) else None
+
+    def in_flight(self) -> list[HeldCall]:
+        """The tool calls of this kernel in flight on the host, as the kernel sent them."""
+        return [] if self._bridge is None else [HeldCall(i, line) for i, line in self._bridge.in_flight()]
+
+    def follow(self, msg_id: str) -> AsyncGenerator[KernelEvent]:
+        """The events of the execute request ``msg_id``, which an earlier host sent (see `attach`).
+
+        Raises:
+            KernelConnectionLost: The kernel was lost before the execution completed.
+        """
+        return self._requests.follow(msg_id)
+
+    def feed(self, call: HeldCall) -> None:
+        """Carry a call the kernel made to an earlier host as if it had just arrived here."""
+        if self._bridge is not None:
+            self._bridge.receive({"id": call.call_id, "line": call.line})
+
+    async def hold(self, ttl: float) -> None:
+        """Put the kernel under a hold that ends its process after ``ttl`` seconds unless a pending call
+        is answered first (a suspended execution's handover; `let_go` then gives it up, or `unhold`
+        takes the hold back).
+
+        Raises:
+            HeldLost: The kernel refused the hold or was lost meanwhile (it is then deleted as usual).
+        """
+        if not await self._hold_request({"op": "hold", "ttl": ttl}):
+            raise HeldLost("the kernel did not take the hold (is its ipybox_kernel older than the host's?)")
+
+    async def unhold(self) -> None:
+        """Take a hold back (the suspension did not happen)."""
+        await self._hold_request({"op": "drop"})
+
+    def let_go(self) -> None:
+        """Give a held kernel up for this host: nothing more is sent to it (no answer, no interrupt),
+        its websocket closes, and it is not deleted: the gateway keeps it for the resuming host."""
+        self._detached = True
+        self._lose("its execution was suspended; the kernel is left to the host that resumes it")
+
+    async def _hold_request(self, content: dict[str, Any]) -> bool:
+        """Send a hold request on the control channel and wait for its reply; whether it succeeded."""
+        msg_id = self.new_msg_id()
+        inbox = self._requests.open(msg_id)
+        try:
+            self._send("control", HOLD_TYPE, content, msg_id)
+            async for raw in inbox:
+                if raw["header"]["msg_type"] == HOLD_REPLY_TYPE:
+                    return raw["content"].get("ok") is True
+        finally:
+            self._requests.done(msg_id, inbox)
+        raise HeldLost(
+            f"the kernel was lost while it was asked to {content['op']} a suspended execution: {self.stop_reason}"
+        )
+
+    async def _take_over(self, held: HeldKernel, token: str, where: str) -> None:
+        """Check that the held kernel process answers, and take its hold over (see `attach`)."""
+        header = await self._control_info()
+        if header.get("session") != held.kernel_session:
+            raise HeldLost(
+                f"{where} was restarted since the execution was suspended (its hold ran out, or its process "
+                "died): its state is gone"
+            )
+        # Once per hold: a second host resuming the same execution is refused here.
+        if not await self._hold_request({"op": "release", "token": token}):
+            raise HeldLost(f"{where} holds no suspended execution any more: another host resumed it")
+        self._recovery.kernel_session = held.kernel_session
+        self._kept = False
+
+    async def _control_info(self) -> dict[str, Any]:
+        """The header of the kernel's reply to a kernel_info request on the control channel, which it
+        answers while a cell runs."""
+        msg_id = self.new_msg_id()
+        inbox = self._requests.open(msg_id)
+        try:
+            self._send("control", "kernel_info_request", {}, msg_id)
+            async for raw in inbox:
+                if raw["header"]["msg_type"] == "kernel_info_reply":
+                    return raw["header"]
+        finally:
+            self._requests.done(msg_id, inbox)
+        raise HeldLost(f"the kernel was lost before it answered: {self.stop_reason}")
+
     # -- the websocket ----------------------------------------------------------------------------
 
     def _message(self, channel: str, msg_type: str, content: dict[str, Any], msg_id: str | None = None) -> str:
@@ -222,7 +328,7 @@ class RemoteKernel:
 
     def _send(self, channel: str, msg_type: str, content: dict[str, Any], msg_id: str | None = None) -> str | None:
         """Queue a message for the kernel (written once the link is up); the message, unless the kernel is gone."""
-        if self.exited.is_set():
+        if self.exited.is_set() or self._detached:
             return None
         text = self._message(channel, msg_type, content, msg_id)
         refused = self.link.queue(msg_id, text)
@@ -264,7 +370,7 @@ class RemoteKernel:
                 self._lose(f"the kernel process on the gateway died or restarted (status {state!r})")
                 return
         inbox = self._waiters.get(cast("dict[str, object]", parent).get("msg_id"))  # pyright: ignore[reportArgumentType]
-        if inbox is None or kind not in READ_TYPES:
+        if inbox is None or (kind not in READ_TYPES and kind != HOLD_REPLY_TYPE):
             return
         size = len(raw)
         if kind in OUTPUT_TYPES:
@@ -335,6 +441,55 @@ class RemoteKernel:
 
     # -- start-up -----------------------------------------------------------------------------------
 
+    async def _close(self) -> None:
+        """Give the kernel up and delete it (unless held for another host); then `closed` is set."""
+        self._lose("the executor stopped or replaced it")
+        with anyio.CancelScope(shield=True):
+            await self.delete()
+        self.closed.set()
+
+    @asynccontextmanager
+    async def _serving(
+        self,
+        ws: ClientConnection,
+        tool_socket: Path,
+        prepare: Callable[[], Awaitable[None]],
+        *,
+        deadline: float,
+        late: KernelStartError,
+    ) -> AsyncGenerator[None]:
+        """Serve the websocket and the kernel's tool calls; run ``prepare`` by ``deadline`` (else raise
+        ``late``), then hold the kernel ready while the block runs.
+
+        Raises:
+            KernelStartError: ``prepare`` raised it, or ``late``.
+        """
+        failure: KernelStartError | None = None
+        async with ws, anyio.create_task_group() as tg:
+            self._bridge = ToolBridge(tool_socket, self._answer_tool, tg)
+            tg.start_soon(self._connect, ws)
+            try:
+                with anyio.fail_at(deadline):
+                    await prepare()
+            except TimeoutError:
+                failure = late
+            except KernelStartError as exc:
+                failure = exc
+            if failure is None:
+                # From here on a lost connection is reopened (before, the start fails instead).
+                self.link.resumable = True
+                try:
+                    yield
+                finally:
+                    self._lose("the executor stopped or replaced it")
+                    tg.cancel_scope.cancel()
+            else:
+                self._lose("it did not start")
+                tg.cancel_scope.cancel()
+        # Raised out here: inside the task group it would come wrapped in a group.
+        if failure is not None:
+            raise failure
+
     @classmethod
     @asynccontextmanager
     async def start(
@@ -359,7 +514,6 @@ class RemoteKernel:
             kernel_id = await _create(http, config, start_timeout, deadline)
             kernel = cls(config, kernel_id, http, limits)
             try:
-                failure: KernelStartError | None = None
                 try:
                     with anyio.fail_at(deadline):
                         ws = await kernel.link.open()
@@ -371,39 +525,70 @@ class RemoteKernel:
                         f"the gateway's websocket for kernel {kernel_id} could not be opened: {detail} (a gateway "
                         "that starts many kernels at once may need a longer Timeouts.start)"
                     ) from None
-                async with ws, anyio.create_task_group() as tg:
-                    kernel._bridge = ToolBridge(tool_socket, kernel._answer_tool, tg)
-                    tg.start_soon(kernel._connect, ws)
-                    try:
-                        with anyio.fail_at(deadline):
-                            await kernel._wait_ready()
-                            if not config.allow_unisolated_kernel:
-                                await kernel._check_isolation()
-                            for cell in setup:
-                                await kernel._run_setup(cell)
-                    except TimeoutError:
-                        failure = KernelStartError(
-                            f"the kernel on the gateway did not become ready within {start_timeout:g} s"
-                        )
-                    except KernelStartError as exc:
-                        failure = exc
-                    if failure is None:
-                        # From here on a lost connection is reopened (before, the start fails instead).
-                        kernel.link.resumable = True
-                        try:
-                            yield kernel
-                        finally:
-                            kernel._lose("the executor stopped or replaced it")
-                            tg.cancel_scope.cancel()
-                    else:
-                        kernel._lose("it did not start")
-                        tg.cancel_scope.cancel()
-                if failure is not None:
-                    raise failure
+
+                async def prepare() -> None:
+                    await kernel._wait_ready()
+                    if not config.allow_unisolated_kernel:
+                        await kernel._check_isolation()
+                    for cell in setup:
+                        await kernel._run_setup(cell)
+
+                late = KernelStartError(f"the kernel on the gateway did not become ready within {start_timeout:g} s")
+                async with kernel._serving(ws, tool_socket, prepare, deadline=deadline, late=late):
+                    yield kernel
             finally:
-                kernel._lose("the executor stopped or replaced it")
-                with anyio.CancelScope(shield=True):
-                    await kernel.delete()
+                await kernel._close()
+
+    @classmethod
+    @asynccontextmanager
+    async def attach(
+        cls,
+        config: GatewayKernel,
+        held: HeldKernel,
+        *,
+        limits: Limits,
+        attach_timeout: float,
+        tool_socket: Path,
+        token: str,
+    ) -> AsyncGenerator[RemoteKernel]:
+        """Re-attach to a kernel a suspended execution left blocked (`HeldKernel`), and release its hold.
+
+        The execution's messages (those the gateway kept since the suspending host left, then live
+        ones) go to `follow` ``held.msg_id``; ``token`` becomes the kernel's tool token. On exit the
+        kernel is deleted, as one this host started. Each step is bounded by ``attach_timeout``.
+
+        Raises:
+            HeldLost: The gateway no longer has the kernel, another kernel process answers (it was
+                restarted: its hold ran out, or the gateway restarted it), its hold was released
+                already (another host resumed it), or it did not answer in time.
+        """
+        where = f"kernel {held.kernel_id} on {config.base}"
+        http_client = httpx.AsyncClient(headers=config.http_headers(), timeout=config.request_timeout, verify=_tls())
+        async with http_client as http:
+            kernel = cls(config, held.kernel_id, http, limits, session=held.session)
+            # Until its hold is released to this host, the kernel is not this host's to delete (another
+            # host may have resumed it).
+            kernel._kept = True
+            # Before the websocket opens: the gateway replays what it kept for the session at once.
+            kernel._requests.open(held.msg_id)
+            try:
+                try:
+                    with anyio.fail_after(attach_timeout):
+                        ws = await kernel.link.open()
+                except InvalidStatus as exc:
+                    status = exc.response.status_code
+                    why = "it was deleted, culled, or lost by a gateway that restarted" if status == 404 else "refused"
+                    raise HeldLost(f"{where} cannot be opened (HTTP {status}: {why})") from None
+                except (OSError, InvalidHandshake, TimeoutError) as exc:
+                    raise HeldLost(f"{where} cannot be reached: {exc or 'timeout'}") from None
+                late = HeldLost(f"{where} did not answer within {attach_timeout:g} s")
+                deadline = anyio.current_time() + attach_timeout
+                async with kernel._serving(
+                    ws, tool_socket, partial(kernel._take_over, held, token, where), deadline=deadline, late=late
+                ):
+                    yield kernel
+            finally:
+                await kernel._close()
 
 
 async def _create(http: httpx.AsyncClient, config: GatewayKernel, start_timeout: float, deadline: float) -> str:

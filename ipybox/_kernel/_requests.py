@@ -86,11 +86,22 @@ class Requests:
         }
         msg_id = msg_id or self._new_msg_id()
         inbox = self.open(msg_id)
+        if self._exited.is_set():
+            inbox.close()
+        else:
+            self._transport.send("shell", "execute_request", content, msg_id)
+        async for event in self.follow(msg_id):
+            yield event
+
+    async def follow(self, msg_id: str) -> AsyncGenerator[KernelEvent]:
+        """Yield the events of the execute request ``msg_id`` until the kernel is idle again: one sent
+        by `execute`, or one an earlier client sent, whose messages were routed here since `open`.
+
+        Raises:
+            Exception: ``lost()``: the kernel went away before the execution completed.
+        """
+        inbox = self.waiters.get(msg_id) or self.open(msg_id)
         try:
-            if self._exited.is_set():
-                inbox.close()
-            else:
-                self._transport.send("shell", "execute_request", content, msg_id)
             async for event in execution_events(inbox):
                 yield event
             if not inbox.ended:

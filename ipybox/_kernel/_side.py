@@ -17,8 +17,8 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import AsyncGenerator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncGenerator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -194,8 +194,11 @@ class KernelSide:
     # -- kernels ------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def open(self, restarting: bool) -> AsyncGenerator[KernelHandle]:
-        """Prepare the host side and open a kernel from the source (see `KernelOpener`)."""
+    async def open(
+        self, restarting: bool, via: Callable[[KernelHost], AbstractAsyncContextManager[KernelHandle]] | None = None
+    ) -> AsyncGenerator[KernelHandle]:
+        """Prepare the host side and open a kernel from the source (see `KernelOpener`), or by ``via``
+        (a kernel a suspended execution left, say)."""
         assert self.home is not None and self._tools is not None
         restore_home(self.home, self._tools)
         if restarting:
@@ -211,7 +214,7 @@ class KernelSide:
             start_timeout=self._start_timeout,
             adopt=self._adopt,
         )
-        async with self._source.open(host) as kernel:
+        async with (self._source.open if via is None else via)(host) as kernel:
             yield kernel
 
     def _adopt(self, started: StartedHome) -> bool:

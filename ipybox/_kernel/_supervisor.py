@@ -31,6 +31,8 @@ class KernelSupervisor:
 
     def __init__(self, open_kernel: KernelOpener) -> None:
         self._open = open_kernel
+        # Opens the next kernel instead of ``open_kernel``, once (`replace`).
+        self._next: KernelOpener | None = None
         self.kernel: KernelHandle | None = None
         """The running kernel, if there is one now."""
         self._changed = anyio.Event()
@@ -49,7 +51,8 @@ class KernelSupervisor:
         while True:
             self._restart = anyio.Event()
             try:
-                async with self._open(started) as kernel:
+                opener, self._next = self._next or self._open, None
+                async with opener(started) as kernel:
                     self._set(kernel)
                     self._start_error = None
                     if not started:
@@ -96,6 +99,18 @@ class KernelSupervisor:
                 break
             await self._changed.wait()
         await self.get()
+
+    async def replace(self, opener: KernelOpener) -> KernelHandle:
+        """Replace the kernel with the one ``opener`` opens (once; later ones start as usual).
+
+        Raises:
+            KernelStartError: ``opener`` failed (the next `get` starts a kernel as usual).
+        """
+        self._next = opener
+        await self.restart()
+        kernel = self.kernel
+        assert kernel is not None
+        return kernel
 
     def _start_failed(self, error: KernelStartError) -> None:
         """Record a failed restart and wake whoever waits for a kernel."""

@@ -85,16 +85,22 @@ def _free_port() -> int:
 
 @contextmanager
 def run_gateway(
-    *, rate_limit: bool = False, options: tuple[str, ...] = (), env: Mapping[str, str] | None = None
+    *,
+    rate_limit: bool = False,
+    options: tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
+    port: int | None = None,
+    token: str | None = None,
 ) -> Generator[Gateway]:
     """Run ``jupyter kernelgateway`` with a token and kernel listing on; kill it (and its kernels) after.
 
     ``rate_limit=False`` turns off jupyter_server's IOPub rate limit, as docs/remote.md asks
     operators to do; ``options`` are more command-line options, ``env`` more environment variables
-    (``JUPYTER_PATH`` for kernelspecs of its own, say).
+    (``JUPYTER_PATH`` for kernelspecs of its own, say). ``port`` and ``token``: those of a gateway
+    that ran before (to start it again), else a free port and a fresh token.
     """
-    token = secrets.token_urlsafe(24)
-    port = _free_port()
+    token = token or secrets.token_urlsafe(24)
+    port = port or _free_port()
     args = [
         os.path.join(os.path.dirname(sys.executable), "jupyter-kernelgateway"),
         "--ip=127.0.0.1",
