@@ -14,6 +14,8 @@ Prints ``URL <mcp url>``.
 - ``--issuer-path /P``: the authorization server is ``<origin>/P`` (metadata at
   ``/.well-known/oauth-authorization-server/P``, endpoints under ``/P``), not the origin: a client
   that guesses ``<origin>/token`` instead of using the discovered token endpoint gets a 404.
+- ``--foreign-token-endpoint URL``: the authorization server's metadata names a token endpoint on
+  another origin (a metadata document rewritten on its way, or a hostile authorization server).
 - Every request to a token endpoint is logged (``token_request``, with the refresh token's first
   characters), granted or not.
 """
@@ -50,6 +52,7 @@ class State:
         self.base, self.log, self.lifetime, self.hostile_resource = base, log, lifetime, hostile_resource
         self.issuer = base + issuer_path
         self.issuer_path = issuer_path
+        self.foreign_token_endpoint: str | None = None
         self.clients: dict[str, dict[str, Any]] = {}
         self.codes: dict[str, dict[str, Any]] = {}
         self.access: dict[str, tuple[float, set[str]]] = {}
@@ -105,7 +108,7 @@ def build(state: State) -> Starlette:
             {
                 "issuer": state.issuer,
                 "authorization_endpoint": f"{state.issuer}/authorize",
-                "token_endpoint": f"{state.issuer}/token",
+                "token_endpoint": state.foreign_token_endpoint or f"{state.issuer}/token",
                 "registration_endpoint": f"{state.issuer}/register",
                 "response_types_supported": ["code"],
                 "grant_types_supported": ["authorization_code", "refresh_token"],
@@ -236,12 +239,15 @@ def main() -> None:
     parser.add_argument("--lifetime", type=int, default=3600)
     parser.add_argument("--hostile-resource")
     parser.add_argument("--issuer-path", default="")
+    parser.add_argument("--foreign-token-endpoint")
     args = parser.parse_args()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    app = build(State(base, args.log, args.lifetime, args.hostile_resource, args.issuer_path))
+    state = State(base, args.log, args.lifetime, args.hostile_resource, args.issuer_path)
+    state.foreign_token_endpoint = args.foreign_token_endpoint
+    app = build(state)
     print(f"URL {base}/mcp", flush=True)
     uvicorn.run(app, fd=sock.fileno(), log_level="warning")
 
