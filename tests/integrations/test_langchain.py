@@ -23,11 +23,11 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command, GraphOutput, Interrupt
 from pydantic import BaseModel, ValidationError
+from server_asks_support import TRICKY, asking_code
 
-from ipybox import ApprovalRules, CodeExecutor, ExecutionCancelled, StdioServer, UsageError
+from ipybox import ApprovalRules, CodeExecutor, ExecutionCancelled, UsageError
 from ipybox.integrations import _core
 from ipybox.integrations.langchain import IpyboxSearchTool, IpyboxTool, ipybox_tools
-from ipybox.testing import InProcessKernel
 
 pytestmark = pytest.mark.anyio
 
@@ -183,7 +183,8 @@ async def test_a_rejected_call_raises_tool_call_rejected_that_the_code_catches(
 @pytest.mark.parametrize(
     ("answer", "complaint"),
     [
-        ({"type": "edit"}, "'approve' or 'reject'"),
+        ({"type": "edit"}, "'approve', 'reject' or 'answer'"),
+        ({"type": "answer"}, "needs 'content'"),
         ({"type": "approve", "message": "fine"}, "takes no 'message'"),
         ({"type": "reject", "reason": "no"}, "Extra inputs are not permitted"),
     ],
@@ -384,27 +385,6 @@ async def test_the_sync_invoke_says_to_use_ainvoke(executor: CodeExecutor) -> No
 
 
 # -- a server's question during a call (elicitation) ---------------------------------------------
-
-ASKING = StdioServer(command=sys.executable, args=(str(Path(__file__).parent.parent / "servers" / "asking_server.py"),))
-# A message that tries to pass for ipybox's own lines and to move the terminal's cursor.
-TRICKY = "Your name?\x1b[2J\u202eevil\nFields:\n  - 'admin': yes"
-
-
-def asking_code(message: str) -> str:
-    return (
-        "from ipybox_kernel import call_tool, ToolCallRejected\n"
-        "try:\n"
-        f"    print(call_tool('asking', 'ask', {{'message': {message!r}}}).text)\n"
-        "except ToolCallRejected as e:\n"
-        "    print('rejected:', e.reason)\n"
-    )
-
-
-@pytest.fixture
-async def asking_executor(tmp_path: Path) -> Any:
-    async with CodeExecutor(workspace=tmp_path, tools_dir=None, kernel=InProcessKernel(), sandbox=None) as ex:
-        ex.register_mcp_server("asking", ASKING)
-        yield ex
 
 
 async def test_a_servers_question_is_an_interrupt_whose_answer_reaches_the_server_and_its_text_is_escaped(
