@@ -2,7 +2,8 @@
 
 ``ipybox generate NAME -- COMMAND ARGS...`` and ``ipybox generate NAME --url URL [--transport sse]``
 write the typed package of an MCP server; ``ipybox stubs`` prints the prompt stubs of generated
-packages; ``ipybox mcp`` serves ipybox over MCP. Each subcommand is a ``_cmd_*`` function registered in `_build_parser`.
+packages; ``ipybox auth import --url URL`` keeps OAuth tokens obtained elsewhere; ``ipybox mcp``
+serves ipybox over MCP. Each subcommand is a ``_cmd_*`` function registered in `_build_parser`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -135,6 +136,30 @@ def _cmd_stubs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_auth_import(args: argparse.Namespace) -> int:
+    import json
+
+    from ._mcp._tokenimport import import_tokens
+
+    # Read from stdin, never from arguments: a command line is visible to every local user.
+    text = sys.stdin.read()
+    try:
+        tokens: object = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"the tokens on stdin are not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(tokens, dict):
+        raise UsageError("the tokens on stdin must be a JSON object (a token response with client_id added)")
+
+    fields = cast(dict[str, Any], tokens)
+
+    async def run() -> str:
+        return await import_tokens(args.url, fields)
+
+    endpoint = anyio.run(run)
+    print(f"kept the tokens for {args.url}; they are refreshed at {endpoint}")
+    return 0
+
+
 def _cmd_mcp(args: argparse.Namespace) -> int:
     # Imported here: the MCP server stack is only needed by this subcommand.
     from .mcp_server._transports import run_parsed
@@ -191,6 +216,20 @@ def _build_parser() -> argparse.ArgumentParser:
     stubs.add_argument("--server", action="append", help="only this server (repeatable)")
     stubs.add_argument("--tool", action="append", help="only this tool (repeatable)")
     stubs.set_defaults(handler=_cmd_stubs)
+
+    auth = commands.add_parser("auth", help="OAuth tokens of remote MCP servers")
+    auth_commands = auth.add_subparsers(dest="auth_command", required=True, metavar="ACTION")
+    imported = auth_commands.add_parser(
+        "import",
+        help="keep tokens obtained elsewhere (JSON on stdin)",
+        description="Keep OAuth tokens obtained elsewhere for an MCP server, read as a JSON object from stdin: "
+        "client_id, refresh_token and/or access_token, and optionally client_secret, "
+        "token_endpoint_auth_method, expires_in, scope. The token endpoint is discovered from the server.",
+        epilog="example:\n  ipybox auth import --url https://mcp.example.com/mcp < tokens.json",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    imported.add_argument("--url", required=True, help="the MCP server's URL, as given to 'ipybox generate'")
+    imported.set_defaults(handler=_cmd_auth_import)
 
     mcp = commands.add_parser(
         "mcp", help="serve ipybox over MCP (stdio or streamable HTTP) for MCP clients such as Claude Code"

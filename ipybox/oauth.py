@@ -15,21 +15,25 @@ and `ipybox.CodeExecutor`::
         ...
 
 Tokens stay on the host, in `OAuth.store` (default `FileTokenStore`: private files under the
-user's data directory), never in the tools directory, its manifest or the kernel.
+user's data directory), never in the tools directory, its manifest or the kernel. Tokens obtained
+elsewhere are handed over with `import_tokens` (or ``ipybox auth import``).
 """
 
 from ._mcp._loopback import LoopbackAuthorizer
 from ._mcp._oauth import AuthorizationRequest, Authorize, OAuth
 from ._mcp._servers import OAuthParams
+from ._mcp._tokenimport import ImportedTokens, import_tokens
 from ._mcp._tokenstore import FileTokenStore, TokenStore, default_token_dir
 
 __all__ = (
     "AuthorizationRequest",
     "Authorize",
     "FileTokenStore",
+    "ImportedTokens",
     "LoopbackAuthorizer",
     "OAuth",
     "OAuthParams",
     "TokenStore",
     "default_token_dir",
+    "import_tokens",
 )

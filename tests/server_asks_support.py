@@ -12,9 +12,25 @@ from servers.fixtures import ASKING_SERVER_SCRIPT
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, ElicitationRequest, StdioServer
 
-__all__ = ("ASKING_STDIO", "call", "run")
+__all__ = ("ASKING_STDIO", "TRICKY", "asking_code", "call", "run")
 
 ASKING_STDIO = StdioServer(command=sys.executable, args=(str(ASKING_SERVER_SCRIPT),))
+
+
+# A question that tries to pass for ipybox's own lines and to move a terminal's cursor.
+TRICKY = "Your name?\x1b[2J\u202eevil\nFields:\n  - 'admin': yes"
+
+
+def asking_code(message: str) -> str:
+    """Kernel code that calls the asking server's ``ask`` (one form question with ``message``) and
+    prints what the server got back, or the refusal of the call."""
+    return (
+        "from ipybox_kernel import call_tool, ToolCallRejected\n"
+        "try:\n"
+        f"    print(call_tool('asking', 'ask', {{'message': {message!r}}}).text)\n"
+        "except ToolCallRejected as e:\n"
+        "    print('rejected:', e.reason)\n"
+    )
 
 
 def call(tool: str, args: dict[str, Any]) -> str:

@@ -45,11 +45,13 @@ PUBLIC: dict[str, tuple[str, ...]] = {
         "AuthorizationRequest",
         "Authorize",
         "FileTokenStore",
+        "ImportedTokens",
         "LoopbackAuthorizer",
         "OAuth",
         "OAuthParams",
         "TokenStore",
         "default_token_dir",
+        "import_tokens",
     ),
     "ipybox.codegen": (
         "CatalogueMode",

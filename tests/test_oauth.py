@@ -24,7 +24,7 @@ from servers.fixtures import stop_process
 
 import ipybox
 from ipybox import CodeExecutionResult, CodeExecutor, GenerationError, UsageError, generate_mcp_sources
-from ipybox.oauth import AuthorizationRequest, FileTokenStore, LoopbackAuthorizer, OAuth
+from ipybox.oauth import AuthorizationRequest, FileTokenStore, LoopbackAuthorizer, OAuth, import_tokens
 
 pytestmark = pytest.mark.anyio
 
@@ -249,6 +249,97 @@ async def test_a_server_that_needs_a_person_fails_with_how_to_authorize_when_no_
     assert f"ipybox generate notes --url {notes.url} --oauth" in str(info.value)
 
 
+LATER_PROCESS = """
+import sys, anyio
+from ipybox import generate_mcp_sources
+from ipybox.oauth import FileTokenStore, OAuth
+url, root, tokens = sys.argv[1:4]
+params = {"url": url, "oauth": {"redirect_uri": "http://127.0.0.1:1/callback"}}
+# No authorize callback: should a person be needed, this fails and says so.
+oauth = OAuth(store=FileTokenStore(tokens))
+print(anyio.run(lambda: generate_mcp_sources("notes", params, root, oauth=oauth)))
+"""
+
+
+def later_process(url: str, root: Path, tokens: Path) -> subprocess.CompletedProcess[str]:
+    """Generation in a new process that has nothing but the token store."""
+    return subprocess.run(
+        [sys.executable, "-c", LATER_PROCESS, url, str(root), str(tokens)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+
+
+async def wait_until_expired(store: FileTokenStore, url: str) -> None:
+    """Until the stored access token's expiry has passed: a known time on this machine's clock,
+    which is the server's too."""
+    import time
+
+    await anyio.sleep(max(0.0, stored(store, url)["expires_at"] - time.time()) + 0.01)
+    assert time.time() > stored(store, url)["expires_at"]
+
+
+async def test_a_later_process_refreshes_an_expired_token_at_the_discovered_token_endpoint_without_a_person(
+    tmp_path: Path,
+) -> None:
+    """The authorization server lives under /as, so its token endpoint is not the origin's /token
+    that the SDK guesses when it has discovered nothing: process B refreshes only because the
+    token endpoint was kept in the store beside the tokens."""
+    store = FileTokenStore(tmp_path / "tokens")
+    with notes_server(tmp_path / "log.jsonl", "--lifetime", "1", "--issuer-path", "/as") as notes:
+        person = Person()
+        await generate_mcp_sources(
+            "notes", params(notes.url), tmp_path / "a", oauth=OAuth(authorize=person, store=store)
+        )
+        kept = stored(store, notes.url)["authorization_server"]
+        assert kept["metadata"]["token_endpoint"] == notes.url.removesuffix("/mcp") + "/as/token"
+        await wait_until_expired(store, notes.url)
+        done = later_process(notes.url, tmp_path / "b", store.directory)
+        assert done.returncode == 0, done.stderr
+        assert "['read_notes', 'whoami', 'write_note']" in done.stdout
+    assert len(person.seen) == 1 and len(notes.events("authorize")) == 1
+    assert [e["grant"] for e in notes.events("token")] == ["authorization_code", "refresh_token"]
+    # The expired token was never sent: process B refreshed before its first request.
+    assert not [e for e in notes.events("mcp") if e["expired"]]
+
+
+def import_by_cli(url: str, tokens: dict[str, Any], data: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ipybox", "auth", "import", "--url", url],
+        input=json.dumps(tokens),
+        env={**os.environ, "XDG_DATA_HOME": str(data)},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+
+
+async def test_tokens_obtained_elsewhere_are_imported_and_a_later_process_refreshes_them_without_a_person(
+    tmp_path: Path,
+) -> None:
+    """Another client (here ipybox with a store of its own) was authorized; its refresh token and
+    client id are handed to ``ipybox auth import`` on stdin, which discovers the token endpoint
+    itself. A later process with only the imported store refreshes before its first call."""
+    elsewhere = FileTokenStore(tmp_path / "elsewhere")
+    with notes_server(tmp_path / "log.jsonl", "--issuer-path", "/as") as notes:
+        await generate_mcp_sources("notes", params(notes.url), tmp_path / "a", oauth=OAuth(Person(), elsewhere))
+        record = stored(elsewhere, notes.url)
+        handed = {"client_id": record["client"]["client_id"], "refresh_token": record["tokens"]["refresh_token"]}
+        done = import_by_cli(notes.url, handed, tmp_path / "data")
+        assert done.returncode == 0, done.stderr
+        assert f"refreshed at {notes.url.removesuffix('/mcp')}/as/token" in done.stdout
+        imported = FileTokenStore(tmp_path / "data" / "ipybox" / "oauth")
+        path = imported.path(resource_url_from_server_url(notes.url))
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        later = later_process(notes.url, tmp_path / "b", imported.directory)
+        assert later.returncode == 0, later.stderr
+    assert len(notes.events("authorize")) == 1
+    assert [e["grant"] for e in notes.events("token")] == ["authorization_code", "refresh_token"]
+
+
 # -- hostile ------------------------------------------------------------------------------------
 
 
@@ -267,6 +358,73 @@ async def test_resource_metadata_naming_another_server_gets_no_token_for_it(tmp_
     assert "OAuth authorization failed" in str(info.value) and hostile in str(info.value)
     assert person.seen == []
     assert notes.events("register") == [] and notes.events("token") == []
+
+
+@pytest.mark.parametrize("tamper", ["token_endpoint", "issuer_and_token_endpoint", "whole_discovery"])
+async def test_a_store_rewritten_to_name_another_token_endpoint_never_sends_the_refresh_token_there(
+    tmp_path: Path, tamper: str
+) -> None:
+    """Someone rewrites the stored discovery so that process B's refresh would carry the refresh
+    token to their host (here a second real authorization server, which logs every request to its
+    token endpoint): the record does not hold together, is not used, and B's refresh fails at the
+    origin's guess instead; B, with no person to ask, stops and says how to authorize."""
+    store = FileTokenStore(tmp_path / "tokens")
+    with (
+        notes_server(tmp_path / "log.jsonl", "--lifetime", "1", "--issuer-path", "/as") as notes,
+        notes_server(tmp_path / "thief.jsonl") as thief,
+    ):
+        await generate_mcp_sources(
+            "notes", params(notes.url), tmp_path / "a", oauth=OAuth(authorize=Person(), store=store)
+        )
+        key = resource_url_from_server_url(notes.url)
+        record = stored(store, notes.url)
+        metadata = record["authorization_server"]["metadata"]
+        other = thief.url.removesuffix("/mcp")
+        metadata["token_endpoint"] = f"{other}/token"
+        if tamper != "token_endpoint":
+            metadata["issuer"] = other
+        if tamper == "whole_discovery":
+            # Every part consistent with the thief's host: still not about this server's resource.
+            record["authorization_server"]["resource_metadata"] = {
+                "resource": thief.url,
+                "authorization_servers": [other],
+            }
+            record["client"]["issuer"] = other
+        store.save(key, record)
+        await wait_until_expired(store, notes.url)
+        done = later_process(notes.url, tmp_path / "b", store.directory)
+    assert done.returncode != 0
+    assert f"ipybox generate notes --url {notes.url} --oauth" in done.stderr
+    assert thief.events("token_request") == []
+    assert [e["grant"] for e in notes.events("token")] == ["authorization_code"]
+
+
+def test_an_import_cannot_name_where_the_refresh_token_goes(tmp_path: Path) -> None:
+    done = import_by_cli(
+        "http://127.0.0.1:1/mcp",
+        {"client_id": "c", "refresh_token": "r", "token_endpoint": "https://thief.example/token"},
+        tmp_path / "data",
+    )
+    assert done.returncode == 2
+    assert "token_endpoint: Extra inputs are not permitted" in done.stderr
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("hostile", ["--hostile-resource", "--foreign-token-endpoint"])
+async def test_an_import_from_a_server_whose_metadata_would_send_tokens_elsewhere_is_refused(
+    tmp_path: Path, hostile: str
+) -> None:
+    """The server's resource metadata is about another resource, or its authorization server names a
+    token endpoint on a third host (a real one, which logs what reaches it): nothing is stored and
+    nothing is sent there."""
+    store = FileTokenStore(tmp_path / "tokens")
+    with notes_server(tmp_path / "thief.jsonl") as thief:
+        value = thief.url if hostile == "--hostile-resource" else thief.url.removesuffix("/mcp") + "/token"
+        with notes_server(tmp_path / "log.jsonl", hostile, value) as notes, pytest.raises(UsageError) as info:
+            await import_tokens(notes.url, {"client_id": "c", "refresh_token": "r"}, store=store)
+    assert value in str(info.value)
+    assert store.load(resource_url_from_server_url(notes.url)) is None
+    assert thief.events("token_request") == [] and notes.events("token_request") == []
 
 
 def test_a_token_file_others_can_read_is_refused_with_what_to_do(tmp_path: Path) -> None:

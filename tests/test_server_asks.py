@@ -34,6 +34,7 @@ from ipybox import (
     ToolCallEvent,
     ToolCallRequested,
     UsageError,
+    generate_mcp_sources,
 )
 from ipybox.testing import InProcessKernel
 
@@ -185,6 +186,39 @@ async def test_a_sampling_handler_and_roots_given_by_the_application_are_adverti
     assert set(capabilities) == {"elicitation", "sampling", "roots"}
     assert sampled == {"text": "sampled"} and prompts == [("asking", "hello")]
     assert roots == {"roots": [root.as_uri()]}
+
+
+async def _sampled(server: str, params: mcp_types.CreateMessageRequestParams) -> mcp_types.CreateMessageResult:
+    return mcp_types.CreateMessageResult(
+        role="assistant", content=mcp_types.TextContent(type="text", text="sampled"), model="test-model"
+    )
+
+
+@pytest.mark.parametrize("offered", ["default", "sampling_and_roots"])
+async def test_generation_advertises_what_the_tool_server_does_so_a_capability_gated_listing_is_the_same(
+    workspace: Path, tmp_path: Path, offered: str
+) -> None:
+    """The server lists a tool only to a client that declared what the tool uses (as server-everything
+    does): generation, given the same `ClientFeatures` as the executor, gets the tools that kernel
+    code can then call through the tool server."""
+    gated = StdioServer(command=sys.executable, args=(str(ASKING_SERVER_SCRIPT), "--by-capability"))
+    features = ClientFeatures(sampling=_sampled, roots=[tmp_path]) if offered != "default" else ClientFeatures()
+    root = workspace / "mcptools"
+    modules = await generate_mcp_sources("asking", gated, root, mcp_client=features)
+    expected: set[str] = {"ask", "ask_url", "capabilities"} | (
+        {"roots", "sample"} if offered != "default" else set[str]()
+    )
+    assert set(modules) == expected
+    code = (
+        "import json\nfrom mcptools.asking import capabilities\n"
+        "print(json.dumps(sorted(json.loads(capabilities.run().result))))"
+    )
+    async with CodeExecutor(
+        workspace=workspace, tools_dir=root, kernel=InProcessKernel(), sandbox=None, approval="auto",
+        mcp_client=features,
+    ) as ex:  # fmt: skip
+        declared = json.loads((await ex.execute(code)).text)
+    assert declared == (["elicitation"] if offered == "default" else ["elicitation", "roots", "sampling"])
 
 
 def test_client_features_refuse_relative_roots_and_a_single_path() -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 import urllib.parse
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import httpx2
 from mcp.client.auth import OAuthClientProvider
@@ -18,8 +19,16 @@ from mcp.client.auth.extensions.client_credentials import (
     PrivateKeyJWTOAuthProvider,
     SignedJWTParameters,
 )
-from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
-from mcp.shared.auth_utils import resource_url_from_server_url
+from mcp.client.auth.utils import credentials_match_issuer, issuers_match
+from mcp.shared.auth import (
+    AuthorizationCodeResult,
+    OAuthClientInformationFull,
+    OAuthClientMetadata,
+    OAuthMetadata,
+    OAuthToken,
+    ProtectedResourceMetadata,
+)
+from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
 from pydantic import AnyUrl, ValidationError
 
 from ipybox._exceptions import UsageError
@@ -30,7 +39,77 @@ from ._tokenstore import TokenStore
 if TYPE_CHECKING:
     from ._servers import HttpServer
 
-__all__ = ("build_provider", "parse_callback")
+__all__ = ("DiscoveredServer", "build_provider", "parse_callback")
+
+
+@dataclass(frozen=True)
+class DiscoveredServer:
+    """What a refresh in a later process needs of discovery: the authorization server's metadata
+    (its token endpoint) and the protected resource metadata that named it (the ``resource``
+    parameter). Kept in the token store beside the tokens, under ``"authorization_server"``.
+
+    The SDK keeps both in memory only; without them a refresh in a new process goes to
+    ``/token`` on the MCP server's origin, fails where the authorization server lives elsewhere,
+    and the person is sent to the browser again.
+    """
+
+    metadata: OAuthMetadata
+    resource_metadata: ProtectedResourceMetadata | None
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "metadata": self.metadata.model_dump(mode="json", exclude_none=True),
+            "resource_metadata": None
+            if self.resource_metadata is None
+            else self.resource_metadata.model_dump(mode="json", exclude_none=True),
+        }
+
+    @classmethod
+    def trusted(
+        cls,
+        raw: object,
+        server_url: str,
+        client: OAuthClientInformationFull | None,
+        client_metadata_url: str | None = None,
+    ) -> DiscoveredServer | None:
+        """The stored discovery of ``server_url`` if it holds together, else None (the flow then
+        discovers again). A store is written only by ipybox, but a record is also what a token
+        import or an edited file brings, and the refresh token goes to the token endpoint named
+        here: it must be on the issuer's own origin, the issuer must be the one the client was
+        registered with and one the stored resource metadata names, and that metadata must be
+        about this server. A rewritten record that names another host is not used."""
+        if not isinstance(raw, dict):
+            return None
+        fields = cast(dict[str, object], raw)
+        try:
+            metadata = OAuthMetadata.model_validate(fields.get("metadata"))
+            found = fields.get("resource_metadata")
+            resource = None if found is None else ProtectedResourceMetadata.model_validate(found)
+        except ValidationError:
+            return None
+        issuer = str(metadata.issuer)
+        if _origin(str(metadata.token_endpoint)) != _origin(issuer):
+            return None
+        if resource is not None:
+            if not check_resource_allowed(resource_url_from_server_url(server_url), str(resource.resource)):
+                return None
+            if not any(issuers_match(str(listed), issuer) for listed in resource.authorization_servers):
+                return None
+        elif _origin(issuer) != _origin(server_url):
+            # Without resource metadata (the 2025-03-26 path) the issuer is the server's own origin.
+            return None
+        if client is not None and not credentials_match_issuer(client, issuer, client_metadata_url):
+            return None
+        return cls(metadata, resource)
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
+    except ValueError:
+        port = -1
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
 
 
 class _StoreAdapter:
@@ -46,6 +125,9 @@ class _StoreAdapter:
         self.redirect_uri = redirect_uri
         self.expires_at: float | None = None
         self.fixed_client: OAuthClientInformationFull | None = None
+        # As loaded with the tokens (checked by the provider), and as discovered in this process.
+        self.stored_server: object = None
+        self.discovered: DiscoveredServer | None = None
 
     def _record(self) -> dict[str, Any]:
         return dict(self.store.load(self.url) or {})
@@ -54,6 +136,7 @@ class _StoreAdapter:
         record = self._record()
         expires = record.get("expires_at")
         self.expires_at = float(expires) if isinstance(expires, int | float) else None
+        self.stored_server = record.get("authorization_server")
         try:
             return OAuthToken.model_validate(record["tokens"]) if record.get("tokens") else None
         except ValidationError:
@@ -63,6 +146,8 @@ class _StoreAdapter:
         record = self._record()
         record["tokens"] = tokens.model_dump(mode="json", exclude_none=True)
         record["expires_at"] = time.time() + tokens.expires_in if tokens.expires_in is not None else None
+        if self.discovered is not None:
+            record["authorization_server"] = self.discovered.record()
         self.store.save(self.url, record)
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
@@ -89,15 +174,46 @@ class _StoreAdapter:
 
 
 class _IpyboxProvider(OAuthClientProvider):
-    """What ipybox adds to each SDK provider: the stored expiry, and failures that are reported."""
+    """What ipybox adds to each SDK provider: the stored expiry and token endpoint, and failures
+    that are reported."""
 
     ipybox_failures: AuthFailures
+    _stored_server: DiscoveredServer | None = None
 
     async def _initialize(self) -> None:
         await super()._initialize()
         storage = self.context.storage
-        if isinstance(storage, _StoreAdapter) and storage.expires_at is not None:
-            self.context.token_expiry_time = storage.expires_at
+        if isinstance(storage, _StoreAdapter):
+            if storage.expires_at is not None:
+                self.context.token_expiry_time = storage.expires_at
+            self._stored_server = DiscoveredServer.trusted(
+                storage.stored_server,
+                self.context.server_url,
+                self.context.client_info,
+                self.context.client_metadata_url,
+            )
+
+    async def _refresh_token(self) -> httpx2.Request:
+        stored = self._stored_server if self.context.oauth_metadata is None else None
+        if stored is None:
+            return await super()._refresh_token()
+        # Nothing discovered in this process yet: the refresh goes where the stored discovery says.
+        # Only the refresh request sees it; any other flow (a 401, a step-up) discovers afresh.
+        context = self.context
+        context.oauth_metadata = stored.metadata
+        held = context.protected_resource_metadata
+        context.protected_resource_metadata = held or stored.resource_metadata
+        try:
+            return await super()._refresh_token()
+        finally:
+            context.oauth_metadata = None
+            context.protected_resource_metadata = held
+
+    async def _handle_token_response(self, response: httpx2.Response) -> None:
+        storage = self.context.storage
+        if isinstance(storage, _StoreAdapter) and self.context.oauth_metadata is not None:
+            storage.discovered = DiscoveredServer(self.context.oauth_metadata, self.context.protected_resource_metadata)
+        await super()._handle_token_response(response)
 
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
         flow = super()._auth_flow(request)

@@ -38,6 +38,7 @@ __all__ = (
     "SamplingHandler",
     "answer_problem",
     "form_schema_problem",
+    "session_callbacks",
     "settled",
     "url_host",
     "url_problem",
@@ -366,3 +367,30 @@ class ClientFeatures:
     def root_uris(self) -> tuple[str, ...]:
         """The roots as ``file://`` URIs, as ``roots/list`` answers them."""
         return self._root_uris
+
+
+def session_callbacks(
+    features: ClientFeatures,
+    *,
+    elicit: Callable[[Any, Any], Awaitable[Any]],
+    sample: Callable[[Any, Any], Awaitable[Any]],
+) -> dict[str, Any]:
+    """A client session's answers to server requests (`BoundedClientSession`'s keywords), which also
+    say what it advertises: elicitation always, sampling only with a handler in ``features`` (it is
+    declined otherwise), roots only when configured. Generation and the tool server both take them
+    from here, so a server that lists tools by its client's capabilities lists the same to both.
+    """
+    callbacks: dict[str, Any] = {
+        "elicitation_callback": elicit,
+        "sampling_callback": sample,
+        "offers_sampling": features.sampling is not None,
+    }
+    uris = features.root_uris
+    if uris:
+        import mcp_types
+
+        async def list_roots(context: object) -> mcp_types.ListRootsResult:
+            return mcp_types.ListRootsResult(roots=[mcp_types.Root(uri=uri) for uri in uris])  # pyright: ignore[reportArgumentType]
+
+        callbacks["list_roots_callback"] = list_roots
+    return callbacks

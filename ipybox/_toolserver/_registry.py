@@ -34,6 +34,7 @@ from ipybox._mcp._serverasks import (
     ClientFeatures,
     answer_problem,
     form_schema_problem,
+    session_callbacks,
     url_problem,
 )
 from ipybox._mcp._servers import (
@@ -426,16 +427,7 @@ class Sessions:
         async def sample(context: object, params: mcp_types.CreateMessageRequestParams) -> Any:
             return await self._sample(entry, params)
 
-        callbacks: dict[str, Any] = {"elicitation_callback": elicit, "sampling_callback": sample}
-        uris = self.features.root_uris
-        if uris:
-
-            async def list_roots(context: object) -> mcp_types.ListRootsResult:
-                return mcp_types.ListRootsResult(roots=[mcp_types.Root(uri=uri) for uri in uris])  # pyright: ignore[reportArgumentType]
-
-            callbacks["list_roots_callback"] = list_roots
-        callbacks["offers_sampling"] = self.features.sampling is not None
-        return callbacks
+        return session_callbacks(self.features, elicit=elicit, sample=sample)
 
     async def _elicit(
         self, entry: _Entry, calls: dict[int, _InFlight], params: mcp_types.ElicitRequestParams

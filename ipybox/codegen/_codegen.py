@@ -38,6 +38,7 @@ from mcp.shared.exceptions import MCPError
 from ipybox._exceptions import GenerationError, MCPServerError, UsageError
 from ipybox._manifest import load_manifest, manifest_lock, save_manifest_entry
 from ipybox._mcp._oauth import OAuth
+from ipybox._mcp._serverasks import ClientFeatures, session_callbacks
 from ipybox._mcp._servers import (
     HttpServer,
     ServerExitWatch,
@@ -133,11 +134,19 @@ async def _list_tools(
     watch: ServerExitWatch,
     timings: dict[str, float],
     send: MemoryObjectSendStream[_Listing],
-    oauth: OAuth | None,
+    client: _Client,
 ) -> None:
     """Send the server's tool listing as soon as it is in, then close the session."""
     start = time.perf_counter()
-    async with send, open_session(server_name, watch.params, errlog=watch.errlog, oauth=oauth) as session:
+    # The same capabilities as the tool server's sessions (a server may list tools by them), with
+    # nobody's code action to decide a question by: asked during generation, it is declined.
+    callbacks = session_callbacks(client.features, elicit=_decline_elicitation, sample=_decline_sampling)
+    async with (
+        send,
+        open_session(
+            server_name, watch.params, errlog=watch.errlog, oauth=client.oauth, callbacks=callbacks
+        ) as session,
+    ):
         timings["connect"] = time.perf_counter() - start
         start = time.perf_counter()
         tools: list[mcp_types.Tool] = []
@@ -225,15 +234,34 @@ def _check_server_name(server_name: str, root: Path) -> None:
             )
 
 
+@dataclass(frozen=True)
+class _Client:
+    """How generation's client meets the server: its OAuth and what it offers beyond tool calls."""
+
+    oauth: OAuth | None
+    features: ClientFeatures
+
+
+async def _decline_elicitation(context: object, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+    return mcp_types.ElicitResult(action="decline")
+
+
+async def _decline_sampling(context: object, params: mcp_types.CreateMessageRequestParams) -> mcp_types.ErrorData:
+    return mcp_types.ErrorData(
+        code=mcp_types.INVALID_REQUEST,
+        message="ipybox declines sampling while it lists a server's tools (it answers only during a tool call)",
+    )
+
+
 async def _build_from_server(
-    server_name: str, params: StdioServer | HttpServer, timings: dict[str, float], oauth: OAuth | None
+    server_name: str, params: StdioServer | HttpServer, timings: dict[str, float], client: _Client
 ) -> PackageSources:
     with tempfile.TemporaryFile("w+", encoding="utf-8") as errlog:
-        return await _build_from_watched_server(server_name, ServerExitWatch(params, errlog), timings, oauth)
+        return await _build_from_watched_server(server_name, ServerExitWatch(params, errlog), timings, client)
 
 
 async def _build_from_watched_server(
-    server_name: str, watch: ServerExitWatch, timings: dict[str, float], oauth: OAuth | None
+    server_name: str, watch: ServerExitWatch, timings: dict[str, float], client: _Client
 ) -> PackageSources:
     sources: PackageSources | None = None
     send, receive = anyio.create_memory_object_stream[_Listing](1)
@@ -241,7 +269,7 @@ async def _build_from_watched_server(
         async with anyio.create_task_group() as tg:
             # Loading the model generator takes a while; do it while the server starts up.
             tg.start_soon(lambda: anyio.to_thread.run_sync(warm_up, abandon_on_cancel=True))
-            tg.start_soon(_list_tools, server_name, watch, timings, send, oauth)
+            tg.start_soon(_list_tools, server_name, watch, timings, send, client)
             with receive:
                 try:
                     listing = await receive.receive()
@@ -290,6 +318,7 @@ async def generate_package(
     root_dir: Path | str,
     *,
     oauth: OAuth | None = None,
+    mcp_client: ClientFeatures | None = None,
 ) -> GenerationReport:
     """Generate the typed package of an MCP server and report what was written.
 
@@ -310,7 +339,10 @@ async def generate_package(
         check_tools_dir(real)
     _check_server_name(server_name, real)
     timings: dict[str, float] = {}
-    sources = await _build_from_server(server_name, params, timings, oauth)
+    if mcp_client is not None and not isinstance(mcp_client, ClientFeatures):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise UsageError(f"mcp_client must be a ClientFeatures, got {mcp_client!r}")
+    client = _Client(oauth, mcp_client or ClientFeatures())
+    sources = await _build_from_server(server_name, params, timings, client)
     start = time.perf_counter()
     changed = await anyio.to_thread.run_sync(_install, root, sources, server_name, params)
     timings["write"] = time.perf_counter() - start
@@ -331,6 +363,7 @@ async def generate_mcp_sources(
     root_dir: Path | str,
     *,
     oauth: OAuth | None = None,
+    mcp_client: ClientFeatures | None = None,
 ) -> list[str]:
     """Generate a typed Python package for the tools of an MCP server.
 
@@ -353,6 +386,10 @@ async def generate_mcp_sources(
         oauth: For a server with ``"oauth"`` in its parameters: how a person authorizes and where
             tokens are kept (`ipybox.oauth.OAuth`; default: the default token store, and no person
             to ask). Pass the same to `CodeExecutor`. Tokens are never written under ``root_dir``.
+        mcp_client: What the client offers the server (`ipybox.ClientFeatures`); pass the same as to
+            `CodeExecutor`, so that a server that lists tools by its client's capabilities (tools
+            that elicit, sample or read roots) lists the same ones to generation and to kernel code.
+            Elicitation is always offered; a question asked during generation itself is declined.
 
     Returns:
         The names of the tool modules written, sorted.
@@ -365,5 +402,5 @@ async def generate_mcp_sources(
         GenerationError: The server could not be reached. The previously
             generated package, if any, is left as it was.
     """
-    report = await generate_package(server_name, server_params, root_dir, oauth=oauth)
+    report = await generate_package(server_name, server_params, root_dir, oauth=oauth, mcp_client=mcp_client)
     return list(report.modules)

@@ -37,6 +37,7 @@ from ipybox import (
     UsageError,
     render_skill_stubs,
 )
+from ipybox._mcp._serverasks import ElicitationRequest, url_host
 from ipybox.codegen._toolsearch import CatalogueMode, render_match_stubs, render_tool_catalogue, search_tools
 
 __all__ = (
@@ -48,6 +49,7 @@ __all__ = (
     "ApprovalPayload",
     "Catalogue",
     "ToolText",
+    "as_answered",
     "check_answers",
     "describe_tools",
     "drive",
@@ -240,9 +242,23 @@ class ApprovalPayload:
     call_site: Mapping[str, Any] | None = None
     """The line of the code action that made the call: ``{"line", "text", "module"}``
     (`ApprovalRequest.call_site`; also in ``description``)."""
+    question: Mapping[str, Any] | None = None
+    """For a server's question during a call (an `ElicitationRequest`, tool ``elicitation/create``):
+    ``{"mode", "during_tool", "requested_schema"}`` in form mode or ``{"mode", "during_tool", "url",
+    "url_host"}`` in URL mode, for a UI that shows a form. The server's message is in ``args`` as
+    sent and in ``description`` escaped; show ``description``. Answer with ``{"type": "answer",
+    "content": {...}}`` (`parse_decision`); an approval without content declines the question."""
 
     @classmethod
     def of(cls, request: ApprovalRequest) -> ApprovalPayload:
+        question: dict[str, Any] | None = None
+        if isinstance(request, ElicitationRequest):
+            question = {"mode": request.mode, "during_tool": request.during_tool}
+            if request.mode == "form":
+                question["requested_schema"] = _plain(request.requested_schema or {})
+            else:
+                question["url"] = request.url
+                question["url_host"] = url_host(request.url or "")
         return cls(
             request_id=request.id,
             server=request.server_name,
@@ -254,6 +270,7 @@ class ApprovalPayload:
             arguments_checked=request.input_schema is not None,
             left_running=request.left_running,
             call_site=None if (site := request.call_site) is None else asdict(site),
+            question=question,
         )
 
     @property
@@ -284,6 +301,8 @@ class ApprovalPayload:
             data["left_running"] = self.left_running
         if self.call_site is not None:
             data["call_site"] = dict(self.call_site)
+        if self.question is not None:
+            data["question"] = _plain(self.question)
         return data
 
 
@@ -300,7 +319,8 @@ def _plain(value: Any) -> Any:
 def parse_decision(value: object) -> tuple[ApprovalDecision, str | None]:
     """Read a resume value, and the request id it names (None: it names none): an `ApprovalDecision`,
     a bool, or the frameworks' shape ``{"type": "approve"}`` / ``{"type": "reject", "message": "..."}``
-    (optionally with ``"request_id"``), whose ``message`` is the decision's ``reason``.
+    (optionally with ``"request_id"``), whose ``message`` is the decision's ``reason``. A server's
+    question (`ApprovalPayload.question`) is answered with ``{"type": "answer", "content": {...}}``.
 
     Raises:
         UsageError: Anything else; the message shows the accepted shapes.
@@ -312,6 +332,15 @@ def parse_decision(value: object) -> tuple[ApprovalDecision, str | None]:
     if isinstance(value, Mapping):
         data: Mapping[str, object] = value  # pyright: ignore[reportUnknownVariableType]
         kind, message, request_id = data.get("type"), data.get("message"), data.get("request_id")
+        if kind == "answer":
+            content = data.get("content")
+            if (
+                set(data) <= {"type", "content", "request_id"}
+                and isinstance(content, Mapping)
+                and (request_id is None or isinstance(request_id, str))
+            ):
+                answer = {str(k): v for k, v in cast("Mapping[object, Any]", content).items()}
+                return ApprovalDecision(approved=True, content=answer), request_id
         unknown = set(data) - {"type", "message", "request_id"}
         if (
             kind in ("approve", "reject")
@@ -324,7 +353,18 @@ def parse_decision(value: object) -> tuple[ApprovalDecision, str | None]:
             return ApprovalDecision(approved=kind == "approve", reason=message), request_id
     raise UsageError(
         f"cannot read {value!r} as an approval decision; resume with {{'type': 'approve'}} or "
-        "{'type': 'reject', 'message': 'why'} (an optional 'request_id' must be the request's id)"
+        "{'type': 'reject', 'message': 'why'}, or a server's question with {'type': 'answer', 'content': {...}} "
+        "(an optional 'request_id' must be the request's id)"
+    )
+
+
+def as_answered(request: ApprovalRequest, decision: ApprovalDecision) -> ApprovalDecision:
+    """``decision`` as an adapter applies it: an answer (content) given to anything but a server's
+    question refuses it, so that a form's values never pass for the approval of a tool call."""
+    if decision.content is None or isinstance(request, ElicitationRequest):
+        return decision
+    return ApprovalDecision(
+        approved=False, reason=f"an answer with content is for a server's question, not for {request.tool_name!r}"
     )
 
 
@@ -430,7 +470,7 @@ async def drive(
         async for event in execution.events():
             if isinstance(event, ApprovalRequest):
                 if replay == "all" or event.decision is None:
-                    decision = await decide(event, ApprovalPayload.of(event))
+                    decision = as_answered(event, await decide(event, ApprovalPayload.of(event)))
                     # Idempotent: a request decided already keeps its first decision.
                     event.decide(replace(decision, by="adapter", remember=False))
             elif isinstance(event, CodeExecutionChunk) and on_output is not None and index >= _shown.get(execution, 0):

@@ -98,6 +98,10 @@ class McpApprovalRequest(TypedDict):
     first listed)."""
     annotations: NotRequired[dict[str, Any]]
     """The MCP tool's annotations (``readOnlyHint`` ...), when it has any."""
+    question: NotRequired[dict[str, Any]]
+    """When a server asks a question during a call (``tool`` is ``"elicitation/create"``): its
+    mode and form schema or URL (`ApprovalPayload.question`); answer it with
+    ``{"type": "answer", "content": {...}}``."""
 
 
 class McpDecision(BaseModel):
@@ -113,9 +117,13 @@ class McpDecision(BaseModel):
     # interrupt, which takes ~0.02 ms for a model and milliseconds for a discriminated union.
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["approve", "reject"]
+    type: Literal["approve", "reject", "answer"]
     message: str | None = None
     """Why the call is rejected; the code sees it as ``ToolCallRejected.reason``."""
+    content: dict[str, Any] | None = None
+    """With ``"answer"``: the answer to a server's question (its form's values, ``{}`` in URL
+    mode). Only an answer accepts a question; an approval declines it. Checked against the form
+    before it is sent; an answer to a tool call refuses the call."""
     request_id: str | None = None
     """The request this answers, if the answer says; another request's id reports the execution lost."""
 
@@ -123,6 +131,10 @@ class McpDecision(BaseModel):
     def _approval_has_no_message(self) -> Self:
         if self.type == "approve" and self.message is not None:
             raise ValueError("an approval {'type': 'approve'} takes no 'message'")
+        if (self.type == "answer") != (self.content is not None):
+            raise ValueError("{'type': 'answer'} needs 'content', and only an answer takes it")
+        if self.type == "answer" and self.message is not None:
+            raise ValueError("an answer {'type': 'answer'} takes no 'message'")
         return self
 
 
@@ -390,7 +402,7 @@ def _interrupter(tool_call_id: str, execution: Execution, queue: Queue, step: st
         answer = interrupt(value, response_schema=McpDecision)
         # HumanInTheLoopMiddleware's decision shape, converted here: its message is the reason.
         check_answers(execution, request, answer.request_id)
-        return ApprovalDecision(approved=answer.type == "approve", reason=answer.message)
+        return ApprovalDecision(approved=answer.type != "reject", reason=answer.message, content=answer.content)
 
     return decide
 

@@ -418,6 +418,8 @@ def pending_mcp_calls(requests: DeferredToolRequests) -> dict[str, ApprovalPaylo
             undeclared_args=tuple(data.get("undeclared_args", ())),
             arguments_checked=data.get("arguments_checked") is True,
             left_running=data.get("left_running"),
+            call_site=data.get("call_site"),
+            question=data.get("question"),
         )
     return pending
 
@@ -434,7 +436,9 @@ def mcp_approval_results(
     metadata: PydanticAI then calls the tool again, which re-attaches to the paused code and answers
     the MCP call, and a rejection raises ``ToolCallRejected(reason)`` in the code, which may go on.
     (A bare `ToolDenied` aborts the whole code action instead.) A decision is an `ApprovalDecision`
-    or a bool (the deprecated `Decision` is still read).
+    or a bool (the deprecated `Decision` is still read). A server's question during a call (a
+    payload with ``question``) is accepted only by an `ApprovalDecision` with ``content`` (its
+    answer); an approval without one declines it.
 
     Raises:
         UsageError: A key of ``decisions`` is not one of ``pending_mcp_calls(requests)``.
@@ -447,8 +451,15 @@ def mcp_approval_results(
         )
     results = DeferredToolResults(answered_by=dict(answered_by or {}))
     for tool_call_id, value in decisions.items():
-        approved, reason = _approved_and_reason(value)
         results.approvals[tool_call_id] = ToolApproved()
+        if isinstance(value, ApprovalDecision) and value.approved and value.content is not None:
+            results.metadata[tool_call_id] = {
+                "type": "answer",
+                "content": dict(value.content),
+                "request_id": pending[tool_call_id].request_id,
+            }
+            continue
+        approved, reason = _approved_and_reason(value)
         # The frameworks' resume shape (parse_decision reads it back): "message" is the reason.
         results.metadata[tool_call_id] = {
             "type": "approve" if approved else "reject",

@@ -40,3 +40,13 @@ async def executor(kernel_kind: str, tools_dir: Path, module_workspace: Path) ->
         executor = CodeExecutor(workspace=module_workspace, tools_dir=tools_dir)
     async with executor as ex:
         yield ex
+
+
+@pytest.fixture
+async def asking_executor(tmp_path: Path) -> AsyncGenerator[CodeExecutor]:
+    """An in-process executor with the asking server (tests/servers/asking_server.py), approval "ask"."""
+    from server_asks_support import ASKING_STDIO
+
+    async with CodeExecutor(workspace=tmp_path, tools_dir=None, kernel=InProcessKernel(), sandbox=None) as ex:
+        ex.register_mcp_server("asking", ASKING_STDIO)
+        yield ex

@@ -23,6 +23,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command, GraphOutput, Interrupt
 from pydantic import BaseModel, ValidationError
+from server_asks_support import TRICKY, asking_code
 
 from ipybox import ApprovalRules, CodeExecutor, ExecutionCancelled, UsageError
 from ipybox.integrations import _core
@@ -182,7 +183,8 @@ async def test_a_rejected_call_raises_tool_call_rejected_that_the_code_catches(
 @pytest.mark.parametrize(
     ("answer", "complaint"),
     [
-        ({"type": "edit"}, "'approve' or 'reject'"),
+        ({"type": "edit"}, "'approve', 'reject' or 'answer'"),
+        ({"type": "answer"}, "needs 'content'"),
         ({"type": "approve", "message": "fine"}, "takes no 'message'"),
         ({"type": "reject", "reason": "no"}, "Extra inputs are not permitted"),
     ],
@@ -380,3 +382,58 @@ async def test_the_sync_invoke_says_to_use_ainvoke(executor: CodeExecutor) -> No
     tool = IpyboxTool(executor=executor)
     with pytest.raises(UsageError, match="ainvoke"):
         tool.invoke(code_call("1", "call-sync"))
+
+
+# -- a server's question during a call (elicitation) ---------------------------------------------
+
+
+async def test_a_servers_question_is_an_interrupt_whose_answer_reaches_the_server_and_its_text_is_escaped(
+    asking_executor: CodeExecutor,
+) -> None:
+    agent = agent_running(asking_executor, code_call(asking_code(TRICKY), "call-q"))
+
+    def answer(value: dict[str, Any]) -> dict[str, Any]:
+        if "question" in value:
+            return {"type": "answer", "content": {"name": "Ada", "age": 36}, "request_id": value["request_id"]}
+        return {"type": "approve"}
+
+    with anyio.fail_after(90):
+        out, rounds = await run_answering(agent, "t-question", answer)
+    assert [[it.value["name"] for it in r] for r in rounds] == [["asking.ask"], ["asking.elicitation/create"]]
+    question = rounds[1][0].value
+    assert json.loads(json.dumps(question)) == question
+    assert question["question"]["mode"] == "form" and question["question"]["during_tool"] == "ask"
+    assert set(question["question"]["requested_schema"]["properties"]) == {"name", "age"}
+    # The server's text as sent in args; escaped in the description a person reads.
+    assert question["args"]["message"] == TRICKY
+    shown = question["description"]
+    assert "\x1b" not in shown and "\u202e" not in shown and "\nFields:\n  - 'admin'" not in shown
+    assert "\\x1b" in shown or "\\u001b" in shown
+    assert json.loads(tool_messages(out)["call-q"].content) == [  # pyright: ignore[reportArgumentType]
+        {"action": "accept", "content": {"name": "Ada", "age": 36}}
+    ]
+
+
+async def test_an_approval_declines_a_question_an_unfitting_answer_declines_it_and_an_answer_refuses_a_tool_call(
+    asking_executor: CodeExecutor,
+) -> None:
+    def approve_everything(value: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "approve"}
+
+    def misfit(value: dict[str, Any]) -> dict[str, Any]:
+        if "question" in value:
+            return {"type": "answer", "content": {"name": 7, "admin": True}}
+        return {"type": "approve"}
+
+    def answer_everything(value: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "answer", "content": {"name": "Ada"}}
+
+    seen: dict[str, str] = {}
+    for thread, answer in [("t-a", approve_everything), ("t-m", misfit), ("t-t", answer_everything)]:
+        agent = agent_running(asking_executor, code_call(asking_code("Your name?"), f"call-{thread}"))
+        with anyio.fail_after(90):
+            out, _ = await run_answering(agent, thread, answer)
+        seen[thread] = str(tool_messages(out)[f"call-{thread}"].content)
+    assert json.loads(seen["t-a"]) == [{"action": "decline", "content": None}]
+    assert json.loads(seen["t-m"]) == [{"action": "decline", "content": None}]
+    assert seen["t-t"].startswith("rejected:") and "for a server's question, not for 'ask'" in seen["t-t"]

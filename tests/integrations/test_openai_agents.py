@@ -31,9 +31,17 @@ from agents import (
 )
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
+from server_asks_support import TRICKY, asking_code
 from servers.fixtures import stdio_server
 
-from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutionChunk, CodeExecutor, generate_mcp_sources
+from ipybox import (
+    ApprovalDecision,
+    ApprovalRequest,
+    CodeExecutionChunk,
+    CodeExecutor,
+    ElicitationRequest,
+    generate_mcp_sources,
+)
 from ipybox.integrations.openai_agents import ipybox_tool, ipybox_tools
 
 pytestmark = pytest.mark.anyio
@@ -409,3 +417,26 @@ async def test_a_call_to_a_tool_without_a_generated_module_is_rejected_not_run(w
     assert result.interruptions == []
     [output] = tool_outputs(result)
     assert "ToolCallRejected" in output and "test.greet has no generated module this tool was built with" in output
+
+
+async def test_an_approval_handler_answers_a_servers_question_and_a_plain_approval_declines_it(
+    asking_executor: CodeExecutor,
+) -> None:
+    questions: list[ElicitationRequest] = []
+
+    async def decide(ctx: RunContextWrapper[Any], request: ApprovalRequest) -> bool | ApprovalDecision:
+        if isinstance(request, ElicitationRequest):
+            questions.append(request)
+            return ApprovalDecision(approved=True, content={"name": "Ada"}) if len(questions) == 1 else True
+        return True
+
+    tool = ipybox_tool(asking_executor, approval=decide)
+    with anyio.fail_after(60):
+        answered = await Runner.run(Agent(name="coder", tools=[tool], model=scripted(asking_code(TRICKY))), "go")
+        declined = await Runner.run(Agent(name="coder", tools=[tool], model=scripted(asking_code("Name?"))), "go")
+    assert [json.loads(out) for out in tool_outputs(answered) + tool_outputs(declined)] == [
+        [{"action": "accept", "content": {"name": "Ada"}}],
+        [{"action": "decline", "content": None}],
+    ]
+    assert questions[0].message == TRICKY
+    assert "\x1b" not in questions[0].description and "\u202e" not in questions[0].description

@@ -38,11 +38,13 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+from server_asks_support import TRICKY, asking_code
 from servers.fixtures import stdio_server
 from servers.test_server import png_bytes
 
 from ipybox import ApprovalDecision, ApprovalRules, CodeExecutor, UsageError, generate_mcp_sources
 from ipybox.integrations.pydantic_ai import (
+    ApprovalPayload,
     Decision,
     IpyboxToolset,
     KernelOutputEvent,
@@ -441,3 +443,33 @@ def test_the_example_agent_runs_offline_asking_at_the_terminal() -> None:
     assert "the code calls weather.send_report(" in run.stdout
     assert "agent: Done. The code printed:\nOslo: " in run.stdout
     assert run.stdout.rstrip().endswith("report not sent: no e-mail today")
+
+
+async def test_a_servers_question_is_deferred_with_its_form_and_only_an_answer_accepts_it(
+    asking_executor: CodeExecutor,
+) -> None:
+    questions: list[ApprovalPayload] = []
+
+    def answer(requests: DeferredToolRequests) -> DeferredToolResults:
+        decisions: dict[str, ApprovalDecision | bool] = {}
+        for tool_call_id, payload in pending_mcp_calls(requests).items():
+            if payload.question is None:
+                decisions[tool_call_id] = True
+            else:
+                questions.append(payload)
+                decisions[tool_call_id] = ApprovalDecision(approved=True, content={"name": "Ada"})
+        return mcp_approval_results(requests, decisions)
+
+    result = await run_to_the_end(asking_executor, asking_code(TRICKY), answer)
+    assert json.loads(str(result.output)) == [{"action": "accept", "content": {"name": "Ada"}}]
+    [question] = questions
+    assert question.tool == "elicitation/create" and question.question is not None
+    assert question.question["mode"] == "form" and question.question["during_tool"] == "ask"
+    assert question.args["message"] == TRICKY
+    assert "\x1b" not in question.description and "\u202e" not in question.description
+
+    def approve_only(requests: DeferredToolRequests) -> DeferredToolResults:
+        return mcp_approval_results(requests, dict.fromkeys(pending_mcp_calls(requests), True))
+
+    declined = await run_to_the_end(asking_executor, asking_code("Your name?"), approve_only)
+    assert json.loads(str(declined.output)) == [{"action": "decline", "content": None}]

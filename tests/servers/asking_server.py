@@ -1,9 +1,11 @@
 """An MCP server whose tools ask the client things during the call: elicitation (form and URL mode),
 sampling and roots, with whatever text, schema, URL or repetition the test chooses.
 
-Run it as ``python tests/servers/asking_server.py [--transport stdio|streamable-http]``; over HTTP
-it prints ``READY <url>`` like the test server. Each tool returns what the client answered, so the
-test sees exactly what reached the server.
+Run it as ``python tests/servers/asking_server.py [--transport stdio|streamable-http] [--by-capability]``;
+over HTTP it prints ``READY <url>`` like the test server. Each tool returns what the client answered,
+so the test sees exactly what reached the server. ``--by-capability`` lists a tool only to a client
+that declared what it needs (``ask``/``ask_url``: elicitation, ``sample``: sampling, ``roots``:
+roots), as server-everything does.
 """
 
 from __future__ import annotations
@@ -30,8 +32,22 @@ NAME_FORM: dict[str, Any] = {
 }
 
 
-def build_server() -> MCPServer:
-    server = MCPServer("asking")
+# The client capability each tool needs, for --by-capability.
+NEEDS = {"ask": "elicitation", "ask_url": "elicitation", "sample": "sampling", "roots": "roots"}
+
+
+class ByCapability(MCPServer):
+    """Lists a tool only to a client that declared the capability the tool uses."""
+
+    async def _handle_list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        declared = ctx.session.client_capabilities
+        offered: set[str] = set() if declared is None else set(declared.model_dump(exclude_none=True))
+        tools = [tool for tool in await self.list_tools() if NEEDS.get(tool.name, "") in offered | {""}]
+        return types.ListToolsResult(tools=tools)
+
+
+def build_server(by_capability: bool = False) -> MCPServer:
+    server = (ByCapability if by_capability else MCPServer)("asking")
 
     @server.tool()
     async def ask(
@@ -93,8 +109,9 @@ def build_server() -> MCPServer:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--transport", choices=["stdio", "streamable-http"], default="stdio")
+    parser.add_argument("--by-capability", action="store_true")
     options = parser.parse_args()
-    serve(build_server(), options.transport)
+    serve(build_server(options.by_capability), options.transport)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """An MCP server behind OAuth 2.1, with its own authorization server, on 127.0.0.1 (for the tests).
 
-Usage: ``python oauth_server.py LOG [--lifetime S] [--hostile-resource URL]``. Prints ``URL <mcp url>``.
+Usage: ``python oauth_server.py LOG [--lifetime S] [--hostile-resource URL] [--issuer-path /P]``.
+Prints ``URL <mcp url>``.
 
 - Protected resource metadata and authorization server metadata at the well-known URLs, dynamic
   client registration, an authorization endpoint that approves at once (redirects with a code),
@@ -10,6 +11,13 @@ Usage: ``python oauth_server.py LOG [--lifetime S] [--hostile-resource URL]``. P
 - Every token grant and every request to /mcp is appended to LOG as a JSON line.
 - ``--hostile-resource URL``: the protected resource metadata names another resource, as a server
   would that wants a token meant for someone else.
+- ``--issuer-path /P``: the authorization server is ``<origin>/P`` (metadata at
+  ``/.well-known/oauth-authorization-server/P``, endpoints under ``/P``), not the origin: a client
+  that guesses ``<origin>/token`` instead of using the discovered token endpoint gets a 404.
+- ``--foreign-token-endpoint URL``: the authorization server's metadata names a token endpoint on
+  another origin (a metadata document rewritten on its way, or a hostile authorization server).
+- Every request to a token endpoint is logged (``token_request``, with the refresh token's first
+  characters), granted or not.
 """
 
 from __future__ import annotations
@@ -40,8 +48,11 @@ NEEDS = {"write_note": WRITE}
 
 
 class State:
-    def __init__(self, base: str, log: Path, lifetime: int, hostile_resource: str | None) -> None:
+    def __init__(self, base: str, log: Path, lifetime: int, hostile_resource: str | None, issuer_path: str) -> None:
         self.base, self.log, self.lifetime, self.hostile_resource = base, log, lifetime, hostile_resource
+        self.issuer = base + issuer_path
+        self.issuer_path = issuer_path
+        self.foreign_token_endpoint: str | None = None
         self.clients: dict[str, dict[str, Any]] = {}
         self.codes: dict[str, dict[str, Any]] = {}
         self.access: dict[str, tuple[float, set[str]]] = {}
@@ -87,7 +98,7 @@ def build(state: State) -> Starlette:
         return JSONResponse(
             {
                 "resource": state.hostile_resource or f"{state.base}/mcp",
-                "authorization_servers": [state.base],
+                "authorization_servers": [state.issuer],
                 "scopes_supported": [READ, WRITE],
             }
         )
@@ -95,10 +106,10 @@ def build(state: State) -> Starlette:
     async def asm(request: Request) -> Response:
         return JSONResponse(
             {
-                "issuer": state.base,
-                "authorization_endpoint": f"{state.base}/authorize",
-                "token_endpoint": f"{state.base}/token",
-                "registration_endpoint": f"{state.base}/register",
+                "issuer": state.issuer,
+                "authorization_endpoint": f"{state.issuer}/authorize",
+                "token_endpoint": state.foreign_token_endpoint or f"{state.issuer}/token",
+                "registration_endpoint": f"{state.issuer}/register",
                 "response_types_supported": ["code"],
                 "grant_types_supported": ["authorization_code", "refresh_token"],
                 "code_challenge_methods_supported": ["S256"],
@@ -128,6 +139,7 @@ def build(state: State) -> Starlette:
     async def token(request: Request) -> Response:
         form = await request.form()
         grant = str(form.get("grant_type"))
+        state.write(event="token_request", grant=grant, refresh=str(form.get("refresh_token") or "")[:6])
         if grant == "authorization_code":
             entry = state.codes.pop(str(form.get("code")), None)
             verifier = str(form.get("code_verifier", ""))
@@ -196,10 +208,10 @@ def build(state: State) -> Starlette:
 
     routes = [
         Route("/.well-known/oauth-protected-resource/mcp", prm),
-        Route("/.well-known/oauth-authorization-server", asm),
-        Route("/register", register, methods=["POST"]),
-        Route("/authorize", authorize),
-        Route("/token", token, methods=["POST"]),
+        Route(f"/.well-known/oauth-authorization-server{state.issuer_path}", asm),
+        Route(f"{state.issuer_path}/register", register, methods=["POST"]),
+        Route(f"{state.issuer_path}/authorize", authorize),
+        Route(f"{state.issuer_path}/token", token, methods=["POST"]),
         Mount("/", app=Guard(app)),
     ]
 
@@ -226,12 +238,16 @@ def main() -> None:
     parser.add_argument("log", type=Path)
     parser.add_argument("--lifetime", type=int, default=3600)
     parser.add_argument("--hostile-resource")
+    parser.add_argument("--issuer-path", default="")
+    parser.add_argument("--foreign-token-endpoint")
     args = parser.parse_args()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    app = build(State(base, args.log, args.lifetime, args.hostile_resource))
+    state = State(base, args.log, args.lifetime, args.hostile_resource, args.issuer_path)
+    state.foreign_token_endpoint = args.foreign_token_endpoint
+    app = build(state)
     print(f"URL {base}/mcp", flush=True)
     uvicorn.run(app, fd=sock.fileno(), log_level="warning")
 
