@@ -243,6 +243,7 @@ class CodeExecutor:
             on_finished=self._gate.finished,
             elicitation=self._gate.elicitation,
             features=self._client_features,
+            trace_context=self._gate.trace_context,
         )
         self._tools.register_builtin(
             BUILTIN_SERVER, "install_package", self._install_from_kernel, input_schema=_INSTALL_SCHEMA
