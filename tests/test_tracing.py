@@ -104,6 +104,8 @@ async def test_a_code_action_is_a_span_with_a_child_span_per_tool_call(
         "ipybox.tool_calls.rejected": 1,
         "ipybox.approval.wait_total": result.account.approval_wait,
         "ipybox.tool.time_total": result.account.tool_time,
+        "ipybox.network.connections": 0,  # no network
+        "ipybox.network.bytes_total": 0,
     }
     calls = tool_spans(exporter)
     assert list(calls) == ["add", "greet", "delete_item", "fail"]

@@ -276,14 +276,23 @@ class Tally:
     rejected: int = 0
     approval_wait: float = 0.0
     tool_time: float = 0.0
+    connections: int = 0
+    network_bytes: int = 0
+    network: Callable[[], int] | None = None
+    """The network proxy's count of the execution's bytes so far (0 once it forgot them)."""
 
     def snapshot(self) -> ActionAccount:
+        if self.network is not None:
+            # The proxy forgets an execution's count when it ends: the largest seen stands.
+            self.network_bytes = max(self.network_bytes, self.network())
         return ActionAccount(
             tool_calls=self.tool_calls,
             approved=self.approved,
             rejected=self.rejected,
             approval_wait=self.approval_wait,
             tool_time=self.tool_time,
+            connections=self.connections,
+            network_bytes=self.network_bytes,
         )
 
 

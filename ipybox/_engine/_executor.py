@@ -266,6 +266,7 @@ class CodeExecutor:
                 token=side.token,
                 running=self._gate.running_id,
                 ask=self._gate.network,
+                observe=self._gate.network_event,
             )
             await self._tg.start(self._proxy.run)
         side.serve(self._tools, self._proxy)
@@ -439,6 +440,8 @@ class CodeExecutor:
 
     async def _run(self, kernel: KernelHandle, driver: ExecutionDriver) -> None:
         msg_id = kernel.new_msg_id()
+        if self._proxy is not None:
+            driver.account.network = functools.partial(self._proxy.bytes_moved, driver.execution.id)
         try:
             async with self._gate.running(driver, msg_id, kernel):
                 await run_execution(

@@ -34,6 +34,7 @@ from ipybox._kernel._leftrunning import LeftRunning
 from ipybox._mcp._serverasks import ELICIT_METHOD, ElicitationRequest, settled
 from ipybox._toolserver._boundary import ToolCallFailed
 from ipybox._toolserver._channel import ToolRequest, ToolResultReply
+from ipybox.network._policy import NetworkEvent
 from ipybox.network._request import NetworkRequest, network_request_fields
 
 from ._callsite import CallSite, call_site_of
@@ -344,6 +345,17 @@ class ApprovalGate:
             # hook that writes past the frozen dataclass can change what is done.
             event = ToolCallDecided(**opened.fields, decision=replace(decision), policy=policy, waited=waited)
             await notify(self.hook, event)
+
+    def network_event(self, event: NetworkEvent) -> None:
+        """The network proxy's report of a connection of the running execution: counted on its
+        account, and an event on its span (none of code that outlived its execution)."""
+        driver = self._driver
+        if driver is None or driver.execution.id != event.execution_id:
+            return
+        if event.kind == "allowed":
+            driver.account.connections += 1
+        if driver.span is not None and driver.span.is_recording():
+            ActionTracer.network_event(driver.span, event)
 
     def trace_context(self, call: ToolRequest) -> otel_context.Context | None:
         """The `ToolServer`'s context of an approved call: its span's, which the MCP SDK passes on to
