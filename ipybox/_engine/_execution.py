@@ -306,6 +306,8 @@ class ExecutionDriver:
         """The kernel's output marks read so far; the output collector adds them (ipybox._engine._outputmarks)."""
         self.span: Span | None = None
         """The execution's span while it runs (ipybox._engine._tracing), the parent of its tool calls' spans."""
+        self.linked: set[int] = set()
+        """Span ids the execution's span links to as resumed by, and its parent's (ipybox._engine._tracing)."""
         self.account = Tally()
         """What its tool calls came to so far; the gate counts (`CodeExecutionResult.account`)."""
 

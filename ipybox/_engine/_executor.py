@@ -13,6 +13,7 @@ from typing import Literal, NoReturn, Self, cast
 import anyio
 import anyio.abc
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from ipybox._approval._policies import Approval, check_approval
 from ipybox._exceptions import ExecutionCancelled, KernelStartError, UsageError
@@ -203,6 +204,8 @@ class CodeExecutor:
         if self.kernel.remote:
             self._remote_files = RemoteFiles(self._kernels, self._lock, self.timeouts.interrupt_grace)
         self._keyed = KeyedExecutions()
+        # The drivers of keyed executions until they end, for the span of one taken up again (`_resumed`).
+        self._keyed_drivers: dict[Execution, ExecutionDriver] = {}
         self._tools: ToolServer | None = None
         self._oauth = oauth
         if mcp_client is not None and not isinstance(mcp_client, ClientFeatures):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -389,7 +392,7 @@ class CodeExecutor:
         if key is not None:
             existing = self._keyed.existing(key, code)
             if existing is not None:
-                return existing
+                return self._resumed(existing)
         execution, driver = open_execution(
             code,
             key=key,
@@ -399,6 +402,7 @@ class CodeExecutor:
         )
         if key is not None:
             self._keyed.add(execution)
+            self._keyed_drivers[execution] = driver
             driver.on_delivered(self._keyed.release)
         # The caller's context (a framework's tool span, say): the code action's span goes under it.
         tg.start_soon(self._drive, driver, otel_context.get_current())
@@ -410,13 +414,23 @@ class CodeExecutor:
         Raises:
             ExecutionLost: No execution with this key is known to this executor (any more).
         """
-        return self._keyed.attach(key)
+        return self._resumed(self._keyed.attach(key))
+
+    def _resumed(self, execution: Execution) -> Execution:
+        """``execution``, taken up again where the caller runs: its span links to the caller's span
+        (a framework's run that resumed a paused code action), since a span's parent cannot change."""
+        driver = self._keyed_drivers.get(execution)
+        if driver is not None:
+            ActionTracer.resumed(driver.span, driver.linked)
+        return execution
 
     async def _drive(self, driver: ExecutionDriver, parent: otel_context.Context) -> None:
         execution = driver.execution
         driver.span = self._tracer.start_action(
             execution_id=execution.id, key=execution.key, code=execution.code, parent=parent
         )
+        # The run that started it is its parent, not a run that resumes it.
+        driver.linked.add(trace.get_current_span(parent).get_span_context().span_id)
         try:
             with driver.cancel_scope():
                 async with self._lock:
@@ -429,6 +443,7 @@ class CodeExecutor:
             if not driver.done:
                 driver.fail(ExecutionCancelled("the execution was cancelled"))
         finally:
+            self._keyed_drivers.pop(execution, None)
             ActionTracer.end_action(driver.span, *driver.outcome, driver.account.snapshot())
 
     def _transport_of(self, server: str) -> str | None:

@@ -137,6 +137,26 @@ class ActionTracer:
         span.end()
 
     @staticmethod
+    def resumed(span: Span | None, linked: set[int]) -> None:
+        """Record that the span current here (a framework's run taking up a paused code action) took
+        up the code action of ``span``: a link to it and an event ``ipybox.resumed``, once per span
+        (``linked``: those already recorded, and the code action's parent)."""
+        if span is None or not span.is_recording():
+            return
+        here = trace.get_current_span().get_span_context()
+        if not here.is_valid or here.span_id in linked:
+            return
+        linked.add(here.span_id)
+        span.add_link(here, {"ipybox.link": "resumed_by"})
+        span.add_event(
+            "ipybox.resumed",
+            {
+                "ipybox.resumed_by.trace_id": f"{here.trace_id:032x}",
+                "ipybox.resumed_by.span_id": f"{here.span_id:016x}",
+            },
+        )
+
+    @staticmethod
     def traces_under(parent: Span | None) -> bool:
         """Whether a tool call under ``parent`` (its code action's span) gets a span at all: not under
         a span that records nothing (no SDK configured, or not sampled), so that tracing that is off

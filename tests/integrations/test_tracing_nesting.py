@@ -113,6 +113,37 @@ async def test_pydantic_ai_a_code_action_is_a_child_of_the_agents_tool_span(
     assert dict(tool.attributes or {})["gen_ai.tool.call.id"] == "call-1"
 
 
+async def test_pydantic_ai_a_run_that_resumes_a_paused_code_action_is_linked_from_the_actions_span(
+    executor: CodeExecutor, exporter: InMemorySpanExporter
+) -> None:
+    # The MCP call ends the first run (DeferredToolRequests); the second run, with the approval, takes
+    # the paused code action up again. A span's parent cannot change: the action stays under the first
+    # run's tool span and says which span resumed it (a link and an event).
+    settings = InstrumentationSettings(tracer_provider=provider_for(exporter))
+    agent = PydanticAgent(
+        FunctionModel(one_code_action),
+        toolsets=[IpyboxToolset(executor)],
+        capabilities=[Instrumentation(settings)],
+        output_type=[str, DeferredToolRequests],
+    )
+    with anyio.fail_after(60):
+        first = await agent.run("go")
+        assert isinstance(first.output, DeferredToolRequests)
+        approvals = {call.tool_call_id: ToolApproved() for call in first.output.approvals}
+        second = await agent.run(
+            message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals=approvals)
+        )
+    assert second.output == "done"
+    action = assert_tool_call_under_action(exporter)
+    code_tools = [span for span in exporter.get_finished_spans() if span.name == "execute_tool execute_code"]
+    started, resumed = sorted(code_tools, key=lambda span: span.start_time or 0)
+    assert child_of(action, started)
+    assert resumed.context is not None
+    assert [link.context.span_id for link in action.links] == [resumed.context.span_id]
+    [event] = [event for event in action.events if event.name == "ipybox.resumed"]
+    assert dict(event.attributes or {})["ipybox.resumed_by.span_id"] == f"{resumed.context.span_id:016x}"
+
+
 # -- LangChain -----------------------------------------------------------------------------------
 
 
