@@ -129,10 +129,8 @@ async def test_pydantic_ai_a_run_that_resumes_a_paused_code_action_is_linked_fro
     with anyio.fail_after(60):
         first = await agent.run("go")
         assert isinstance(first.output, DeferredToolRequests)
-        approvals = {call.tool_call_id: ToolApproved() for call in first.output.approvals}
-        second = await agent.run(
-            message_history=first.all_messages(), deferred_tool_results=DeferredToolResults(approvals=approvals)
-        )
+        results = DeferredToolResults(approvals={call.tool_call_id: ToolApproved() for call in first.output.approvals})
+        second = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
     assert second.output == "done"
     action = assert_tool_call_under_action(exporter)
     code_tools = [span for span in exporter.get_finished_spans() if span.name == "execute_tool execute_code"]
