@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 import baseline
+import tracing_cost
 
 __all__ = ("main",)
 
@@ -393,6 +394,12 @@ def main() -> None:
     if "connect_list_everything" in floors:
         print(f"  everything: spawn + initialize + list_tools: {_cell(floors['connect_list_everything'])}")
 
+    tracing = {}
+    if "ours" in sides:
+        _log("tracing: per tool call, untraced / spans off / spans on, taking turns")
+        tracing = anyio.run(tracing_cost.measure, args.quick)
+        tracing["load_1min"] = _loadavg()
+        tracing_cost.print_costs(tracing)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{stamp}.json"
@@ -406,6 +413,7 @@ def main() -> None:
                 "comparison": rows,
                 "tool_calls_against_floor": ratios,
                 "baselines": floors,
+                "tracing": tracing,
                 "sides": reports,
             },
             indent=2,

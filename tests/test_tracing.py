@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from approval_support import collect
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from tracing_support import provider_for
 
 from ipybox import ApprovalRules, CodeExecutionError, CodeExecutor, Tracing
 from ipybox._engine._tracing import ACTION_SPAN, MAX_ATTRIBUTE_CHARS
@@ -43,12 +43,6 @@ def exporter() -> Iterator[InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     yield exporter
     exporter.clear()
-
-
-def provider_for(exporter: InMemorySpanExporter) -> TracerProvider:
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return provider
 
 
 @pytest.fixture(params=["sandboxed", "in_process"])
@@ -110,6 +104,8 @@ async def test_a_code_action_is_a_span_with_a_child_span_per_tool_call(
         "ipybox.tool_calls.rejected": 1,
         "ipybox.approval.wait_total": result.account.approval_wait,
         "ipybox.tool.time_total": result.account.tool_time,
+        "ipybox.network.connections": 0,  # no network
+        "ipybox.network.bytes_total": 0,
     }
     calls = tool_spans(exporter)
     assert list(calls) == ["add", "greet", "delete_item", "fail"]

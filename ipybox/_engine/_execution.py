@@ -276,14 +276,23 @@ class Tally:
     rejected: int = 0
     approval_wait: float = 0.0
     tool_time: float = 0.0
+    connections: int = 0
+    network_bytes: int = 0
+    network: Callable[[], int] | None = None
+    """The network proxy's count of the execution's bytes so far (0 once it forgot them)."""
 
     def snapshot(self) -> ActionAccount:
+        if self.network is not None:
+            # The proxy forgets an execution's count when it ends: the largest seen stands.
+            self.network_bytes = max(self.network_bytes, self.network())
         return ActionAccount(
             tool_calls=self.tool_calls,
             approved=self.approved,
             rejected=self.rejected,
             approval_wait=self.approval_wait,
             tool_time=self.tool_time,
+            connections=self.connections,
+            network_bytes=self.network_bytes,
         )
 
 
@@ -297,6 +306,8 @@ class ExecutionDriver:
         """The kernel's output marks read so far; the output collector adds them (ipybox._engine._outputmarks)."""
         self.span: Span | None = None
         """The execution's span while it runs (ipybox._engine._tracing), the parent of its tool calls' spans."""
+        self.linked: set[int] = set()
+        """Span ids the execution's span links to as resumed by, and its parent's (ipybox._engine._tracing)."""
         self.account = Tally()
         """What its tool calls came to so far; the gate counts (`CodeExecutionResult.account`)."""
 

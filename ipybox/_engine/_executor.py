@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn, Self, cast
 import anyio
 import anyio.abc
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from ipybox._approval._decisions import ApprovalDecision, ApprovalRequest
 from ipybox._approval._policies import Approval, check_approval
@@ -212,6 +213,8 @@ class CodeExecutor:
         if self.kernel.remote:
             self._remote_files = RemoteFiles(self._kernels, self._lock, self.timeouts.interrupt_grace)
         self._keyed = KeyedExecutions()
+        # The drivers of keyed executions until they end, for the span of one taken up again (`_resumed`).
+        self._keyed_drivers: dict[Execution, ExecutionDriver] = {}
         self._tools: ToolServer | None = None
         self._oauth = oauth
         if mcp_client is not None and not isinstance(mcp_client, ClientFeatures):  # pyright: ignore[reportUnnecessaryIsInstance]
@@ -252,6 +255,7 @@ class CodeExecutor:
             on_finished=self._gate.finished,
             elicitation=self._gate.elicitation,
             features=self._client_features,
+            trace_context=self._gate.trace_context,
         )
         self._tools.register_builtin(
             BUILTIN_SERVER, "install_package", self._install_from_kernel, input_schema=_INSTALL_SCHEMA
@@ -274,6 +278,7 @@ class CodeExecutor:
                 token=side.token,
                 running=self._gate.running_id,
                 ask=self._gate.network,
+                observe=self._gate.network_event,
             )
             await self._tg.start(self._proxy.run)
         side.serve(self._tools, self._proxy)
@@ -396,7 +401,7 @@ class CodeExecutor:
         if key is not None:
             existing = self._keyed.existing(key, code)
             if existing is not None:
-                return existing
+                return self._resumed(existing)
         execution, driver = open_execution(
             code,
             key=key,
@@ -406,6 +411,7 @@ class CodeExecutor:
         )
         if key is not None:
             self._keyed.add(execution)
+            self._keyed_drivers[execution] = driver
             driver.on_delivered(self._keyed.release)
         # The caller's context (a framework's tool span, say): the code action's span goes under it.
         tg.start_soon(self._drive, driver, otel_context.get_current())
@@ -643,13 +649,23 @@ class CodeExecutor:
         Raises:
             ExecutionLost: No execution with this key is known to this executor (any more).
         """
-        return self._keyed.attach(key)
+        return self._resumed(self._keyed.attach(key))
+
+    def _resumed(self, execution: Execution) -> Execution:
+        """``execution``, taken up again where the caller runs: its span links to the caller's span
+        (a framework's run that resumed a paused code action), since a span's parent cannot change."""
+        driver = self._keyed_drivers.get(execution)
+        if driver is not None:
+            ActionTracer.resumed(driver.span, driver.linked)
+        return execution
 
     async def _drive(self, driver: ExecutionDriver, parent: otel_context.Context) -> None:
         execution = driver.execution
         driver.span = self._tracer.start_action(
             execution_id=execution.id, key=execution.key, code=execution.code, parent=parent
         )
+        # The run that started it is its parent, not a run that resumes it.
+        driver.linked.add(trace.get_current_span(parent).get_span_context().span_id)
         try:
             with driver.cancel_scope():
                 async with self._lock:
@@ -662,6 +678,7 @@ class CodeExecutor:
             if not driver.done:
                 driver.fail(ExecutionCancelled("the execution was cancelled"))
         finally:
+            self._keyed_drivers.pop(execution, None)
             ActionTracer.end_action(driver.span, *driver.outcome, driver.account.snapshot())
 
     def _transport_of(self, server: str) -> str | None:
@@ -673,6 +690,8 @@ class CodeExecutor:
 
     async def _run(self, kernel: KernelHandle, driver: ExecutionDriver) -> None:
         msg_id = kernel.new_msg_id()
+        if self._proxy is not None:
+            driver.account.network = functools.partial(self._proxy.bytes_moved, driver.execution.id)
         try:
             async with self._gate.running(driver, msg_id, kernel):
                 await run_execution(

@@ -25,6 +25,9 @@ from time import perf_counter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
 from ipybox._approval._decisions import ApprovalDecision, ApprovalRequest
 from ipybox._approval._policies import Approval, decide_by_policy, policy_name
 from ipybox._kernel import KernelHandle
@@ -32,6 +35,7 @@ from ipybox._kernel._leftrunning import LeftRunning
 from ipybox._mcp._serverasks import ELICIT_METHOD, ElicitationRequest, settled
 from ipybox._toolserver._boundary import ToolCallFailed
 from ipybox._toolserver._channel import ToolRequest, ToolResultReply
+from ipybox.network._policy import NetworkEvent
 from ipybox.network._request import NetworkRequest, network_request_fields
 
 from ._callsite import CallSite, call_site_of
@@ -62,6 +66,9 @@ class _OpenCall:
     """What every event of it says (`_fields`)."""
     began: float
     span: Span | None
+    trace: Span | None
+    """What the MCP server is told the call belongs to: its span, else its code action's (which,
+    recording nothing, still carries the trace of the caller of ``execute()``)."""
     account: Tally | None
     """Its code action's count, for a tool call of the running execution."""
     decided: float | None = None
@@ -326,7 +333,7 @@ class ApprovalGate:
                 stray=driver is None,
                 call_site=call_site,
             )
-        opened = _OpenCall(fields, perf_counter(), span, account)
+        opened = _OpenCall(fields, perf_counter(), span, span or parent, account)
         if account is not None:
             account.tool_calls += 1
         if call is not None:
@@ -356,6 +363,29 @@ class ApprovalGate:
             # hook that writes past the frozen dataclass can change what is done.
             event = ToolCallDecided(**opened.fields, decision=replace(decision), policy=policy, waited=waited)
             await notify(self.hook, event)
+
+    def network_event(self, event: NetworkEvent) -> None:
+        """The network proxy's report of a connection of the running execution: counted on its
+        account, and an event on its span (none of code that outlived its execution)."""
+        driver = self._driver
+        if driver is None or driver.execution.id != event.execution_id:
+            return
+        if event.kind == "allowed":
+            driver.account.connections += 1
+        if driver.span is not None and driver.span.is_recording():
+            ActionTracer.network_event(driver.span, event)
+
+    def trace_context(self, call: ToolRequest) -> otel_context.Context | None:
+        """The `ToolServer`'s context of an approved call: its span's, which the MCP SDK passes on to
+        the server (``traceparent`` in the request's ``_meta``); None if it has none.
+
+        The span alone, not the context ``execute()`` was called in: that context's baggage is the
+        application's, and MCP servers are not told it.
+        """
+        opened = self._open.get(id(call))
+        if opened is None or opened.trace is None or not opened.trace.get_span_context().is_valid:
+            return None
+        return trace.set_span_in_context(opened.trace, otel_context.Context())
 
     async def finished(self, call: ToolRequest, error: str | None, result: ToolResultReply | None = None) -> None:
         """The `ToolServer`'s report that ``call`` ended (``error``: None or its error kind)."""

@@ -63,6 +63,10 @@ class ActionAccount:
     """Seconds the calls waited for their approval decisions, summed."""
     tool_time: float = 0.0
     """Seconds from the approvals to the calls' ends (the tools' runs, their servers' starts), summed."""
+    connections: int = 0
+    """Network connections opened through the executor's proxy (`Network`)."""
+    network_bytes: int = 0
+    """Bytes those connections moved, both ways, until the code action ended."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,6 +30,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, Trac
 if TYPE_CHECKING:
     from ipybox._approval._decisions import ApprovalDecision
     from ipybox._exceptions import IpyboxError
+    from ipybox.network._policy import NetworkEvent
 
     from ._callsite import CallSite
     from ._results import ActionAccount, CodeExecutionResult
@@ -112,6 +113,8 @@ class ActionTracer:
                 "ipybox.tool_calls.rejected": account.rejected,
                 "ipybox.approval.wait_total": account.approval_wait,
                 "ipybox.tool.time_total": account.tool_time,
+                "ipybox.network.connections": account.connections,
+                "ipybox.network.bytes_total": account.network_bytes,
             }
         )
         if result is not None:
@@ -132,6 +135,26 @@ class ActionTracer:
         else:
             span.set_attribute("ipybox.execution.outcome", "unknown")
         span.end()
+
+    @staticmethod
+    def resumed(span: Span | None, linked: set[int]) -> None:
+        """Record that the span current here (a framework's run taking up a paused code action) took
+        up the code action of ``span``: a link to it and an event ``ipybox.resumed``, once per span
+        (``linked``: those already recorded, and the code action's parent)."""
+        if span is None or not span.is_recording():
+            return
+        here = trace.get_current_span().get_span_context()
+        if not here.is_valid or here.span_id in linked:
+            return
+        linked.add(here.span_id)
+        span.add_link(here, {"ipybox.link": "resumed_by"})
+        span.add_event(
+            "ipybox.resumed",
+            {
+                "ipybox.resumed_by.trace_id": f"{here.trace_id:032x}",
+                "ipybox.resumed_by.span_id": f"{here.span_id:016x}",
+            },
+        )
 
     @staticmethod
     def traces_under(parent: Span | None) -> bool:
@@ -196,6 +219,19 @@ class ActionTracer:
         if decision.reason is not None:
             attributes["ipybox.approval.reason"] = _bounded(decision.reason)
         span.set_attributes(attributes)  # at once: the SDK takes a lock per call
+
+    @staticmethod
+    def network_event(span: Span, event: NetworkEvent) -> None:
+        """A connection of the code action (opened, asked, answered, refused, over a limit, closed) as
+        an event ``ipybox.network.{kind}`` on its span: the destination, never the traffic."""
+        attributes: dict[str, Any] = {"server.address": _bounded(event.host), "server.port": event.port}
+        if event.address is not None:
+            attributes["network.peer.address"] = event.address
+        if event.reason is not None:
+            attributes["ipybox.network.reason"] = _bounded(event.reason)
+        if event.kind in ("closed", "limit"):
+            attributes["ipybox.network.bytes"] = event.bytes
+        span.add_event(f"ipybox.network.{event.kind}", attributes)
 
     def finished(self, span: Span, error: str | None, duration: float, result: Any = None) -> None:
         """Record how a call ended and end its span (``error``: None or the kind the kernel got)."""

@@ -16,12 +16,13 @@ import types
 from collections.abc import Awaitable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
 from mcp import ClientSession
 from mcp import types as mcp_types
+from opentelemetry import context as otel_context
 
 from ipybox._approval._decisions import ApprovalDecision, read_only_copy
 from ipybox._approval._rendering import closest_key, forbidden_keys, quote
@@ -48,6 +49,9 @@ from ipybox._mcp._servers import (
 
 from ._boundary import ToolCallFailed, tool_errors
 from ._channel import ToolRequest, ToolResultReply
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
 
 __all__ = (
     "IDLE_PROBE_AFTER",
@@ -228,12 +232,16 @@ class Sessions:
         check_arguments(spec.input_schema if spec is not None else None, request)
         return _target(entry, spec)
 
-    async def call(self, request: ToolRequest, checked: Target | None = None) -> ToolResultReply:
+    async def call(
+        self, request: ToolRequest, checked: Target | None = None, *, trace: Context | None = None
+    ) -> ToolResultReply:
         """Make an approved call: start or reach its server if needed, then call the tool.
 
         Args:
             request: The call.
             checked: The `target` its arguments were checked against before it was approved.
+            trace: The OpenTelemetry context the MCP request is sent in (the call's span), None for
+                the ambient one.
 
         Raises:
             ToolCallFailed: The server could not be started, the tool is unknown, or the call failed.
@@ -246,7 +254,7 @@ class Sessions:
         # was asked about before its schema was known, and a new listing may have changed it.
         if checked is None or checked is not _target(entry, spec):
             check_arguments(spec.input_schema, request)
-        return await self._call(entry, live, request)
+        return await self._call(entry, live, request, trace)
 
     def _entry(self, request: ToolRequest) -> _Entry:
         entry = self._entries.get(request.server)
@@ -346,7 +354,9 @@ class Sessions:
                     live.close_requested.set()
                     live.closed.set()
 
-    async def _call(self, entry: _Entry, live: _Session, request: ToolRequest) -> ToolResultReply:
+    async def _call(
+        self, entry: _Entry, live: _Session, request: ToolRequest, trace: Context | None = None
+    ) -> ToolResultReply:
         server, tool, seq = request.server, request.tool, request.seq
         result: mcp_types.CallToolResult | None = None
         refusals = http_refusals(live.session)
@@ -357,9 +367,15 @@ class Sessions:
                     # Not fail_after: the deadline stands still while a person authorizes (OAuth step-up).
                     with pausable_deadline(self.call_timeout) as deadline:
                         live.calls[id(request)] = _InFlight(request, current_deadline())
+                        # Current only around the request: the MCP SDK injects the current span into
+                        # its _meta (and starts its own client span under it); a server started for
+                        # this call must not keep it as the context of its session's task.
+                        token = None if trace is None else otel_context.attach(trace)
                         try:
                             result = await live.session.call_tool(tool, request.arguments)
                         finally:
+                            if token is not None:
+                                otel_context.detach(token)
                             del live.calls[id(request)]
                 except RuntimeError as exc:
                     # The client checks structured results against the tool's output schema.

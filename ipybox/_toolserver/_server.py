@@ -33,7 +33,7 @@ import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.abc
@@ -67,6 +67,9 @@ from ._lines import (
 )
 from ._parse import parse_request
 from ._registry import ElicitationAsker, Sessions, Target, check_arguments
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
 
 __all__ = ("HANGUP_WATCH_AFTER", "MAX_BUFFERED_BYTES", "MAX_CONNECTIONS", "BuiltinTool", "Gate", "ToolServer")
 
@@ -146,6 +149,9 @@ class ToolServer:
         elicitation: Decides the questions a server asks during a call (`ApprovalGate.elicitation`);
             None declines them.
         features: Sampling and roots offered to the servers (`ClientFeatures`; default: none).
+        trace_context: The OpenTelemetry context an approved call is made in (its span's, from
+            `ApprovalGate.trace_context`), None for the ambient one: the MCP SDK passes the current
+            span on to the server in the request's ``_meta`` (W3C ``traceparent``).
     """
 
     def __init__(
@@ -162,6 +168,7 @@ class ToolServer:
         on_finished: Callable[[ToolRequest, str | None, ToolResultReply | None], Awaitable[None]] | None = None,
         elicitation: ElicitationAsker | None = None,
         features: ClientFeatures | None = None,
+        trace_context: Callable[[ToolRequest], Context | None] | None = None,
     ) -> None:
         _check_token_strength(token)
         if call_timeout is not None and call_timeout <= 0:
@@ -190,6 +197,7 @@ class ToolServer:
             what="tool-call",
         )
         self._on_finished = on_finished
+        self._trace_context = trace_context
 
     @property
     def socket_path(self) -> Path:
@@ -410,7 +418,8 @@ class ToolServer:
             )
         target = await self._sessions.target(request)
         await self._approve(request, target)
-        return await self._sessions.call(request, target)
+        trace = None if self._trace_context is None else self._trace_context(request)
+        return await self._sessions.call(request, target, trace=trace)
 
     async def _approve(self, request: ToolRequest, target: Target) -> None:
         """Ask the gate.

@@ -92,6 +92,8 @@ class NetworkProxy:
         listener: A listening socket already bound at ``socket_path`` (a pooled kernel's, bound before
             the kernel started so that its sandbox could mount it), served instead of binding one.
             The proxy owns it from then on.
+        observe: Told of every `NetworkEvent` before ``Network.on_event`` (the executor's account
+            and span of the running code action); must not raise.
     """
 
     def __init__(
@@ -103,8 +105,10 @@ class NetworkProxy:
         running: Callable[[], str | None],
         ask: Asker,
         listener: socket.socket | None = None,
+        observe: Callable[[NetworkEvent], None] | None = None,
     ) -> None:
         self.network = network
+        self._observe = observe
         self._token = token.encode()
         self._running = running
         self._ask = ask
@@ -150,6 +154,11 @@ class NetworkProxy:
             raise UsageError("move() needs a running NetworkProxy ('await task_group.start(proxy.run)')")
         self._socket.move(socket_path, listener=listener)
         self._token = token.encode()
+
+    def bytes_moved(self, execution_id: str) -> int:
+        """Bytes the execution's connections moved so far, both ways (0 once it ended)."""
+        usage = self._usage.get(execution_id)
+        return 0 if usage is None else usage.bytes
 
     def end_execution(self, execution_id: str) -> None:
         """Close the execution's connections and forget its byte count."""
@@ -399,6 +408,8 @@ class NetworkProxy:
                 f" ({reason})" if reason else "",
                 extra={"network_event": asdict(event)},
             )
+        if self._observe is not None:
+            self._observe(event)
         callback: Callable[[NetworkEvent], object] | None = self.network.on_event
         if callback is not None:
             try:

@@ -32,6 +32,7 @@ from ipybox._toolserver._server import ToolServer
 __all__ = (
     "ASKING_SERVER_SCRIPT",
     "SERVER_SCRIPT",
+    "TRACING_SERVER_SCRIPT",
     "Channel",
     "GateCall",
     "RecordingGate",
@@ -48,6 +49,8 @@ __all__ = (
 SERVER_SCRIPT = Path(__file__).with_name("test_server.py")
 # A server whose tools elicit, sample and list roots during the call (ipybox._mcp._serverasks).
 ASKING_SERVER_SCRIPT = Path(__file__).with_name("asking_server.py")
+# A server that returns the trace context its requests carried in _meta.
+TRACING_SERVER_SCRIPT = Path(__file__).with_name("tracing_server.py")
 
 # A cold `import mcp` plus uvicorn's start on a loaded 2-core machine stays well below this.
 START_TIMEOUT = 30.0

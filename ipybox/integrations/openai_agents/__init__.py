@@ -35,7 +35,7 @@ from ipybox.integrations._core import (
 )
 
 from ._nested import interrupting_tool
-from ._shared import NeedsApproval, OutputHandler, output_sink, tool_output
+from ._shared import NeedsApproval, OutputHandler, action_step_span, output_sink, tool_output
 
 __all__ = (
     "ApprovalHandler",
@@ -156,7 +156,9 @@ def _waiting_tool(
 
         # No key: nothing comes back to this execution, so a cancelled tool call cancels it.
         execution = executor.execute(code, approval="ask" if handler is not None else None, timeout=timeout)
-        outcome = await drive(execution, decide, on_output=output_sink(on_output, ctx))
+        with action_step_span(execution, resumed=False) as ended:
+            outcome = await drive(execution, decide, on_output=output_sink(on_output, ctx))
+            ended(outcome)
         return tool_output(outcome)
 
     return function_tool(

@@ -51,7 +51,7 @@ from ipybox._approval._rendering import safe_json
 from ipybox.integrations._core import ActionOutcome, ApprovalPayload, drive, start_or_attach
 from ipybox_kernel._search import tool_index
 
-from ._shared import CodeArgs, NeedsApproval, OutputHandler, output_sink, tool_output
+from ._shared import CodeArgs, NeedsApproval, OutputHandler, action_step_span, output_sink, tool_output
 
 __all__ = ("interrupting_tool",)
 
@@ -317,7 +317,7 @@ class _KernelDriver(Model):
                                 request.decide(ApprovalDecision(approved=False, reason=reason, by="adapter"))
                 except ExecutionLost as exc:
                     return self._respond(key, ActionOutcome.lost(exc))
-            return self._respond(key, await self._advance(key, execution))
+            return self._respond(key, await self._advance(key, execution, resumed=True))
 
     async def begin(self, code: str) -> tuple[str, ActionOutcome | ApprovalPayload]:
         """Start a code action outside a nested run, and run it to its first approval or its end."""
@@ -338,10 +338,16 @@ class _KernelDriver(Model):
                     error=UsageError("the kernel is paused in another code action"),
                 )
         execution = start_or_attach(self._executor, key, code, approval="ask", ttl=self._ttl, timeout=self._timeout)
-        return key, await self._advance(key, execution)
+        return key, await self._advance(key, execution, resumed=False)
 
-    async def _advance(self, key: str, execution: Execution) -> ActionOutcome | ApprovalPayload:
+    async def _advance(self, key: str, execution: Execution, *, resumed: bool) -> ActionOutcome | ApprovalPayload:
         """Run the execution on to its next approval request for the run, or its end."""
+        with action_step_span(execution, resumed=resumed) as ended:
+            step = await self._step(key, execution)
+            ended(step)
+        return step
+
+    async def _step(self, key: str, execution: Execution) -> ActionOutcome | ApprovalPayload:
         sink = output_sink(self._on_output, _tool_context.get())
         while True:
             try:
