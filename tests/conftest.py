@@ -49,6 +49,7 @@ IN_PROCESS_FIXTURES = ("executor", "asking")
 SLOWEST_FIRST = (
     "tests/test_mcp_conformance.py",
     "tests/test_install.py",
+    "tests/test_durable_approvals.py",
     "tests/test_snippets.py",
     "tests/test_plugin.py",
     "tests/test_setup.py",
