@@ -32,6 +32,10 @@ from ._protocol import EXECUTION_ENV
 # Code that runs in the execution's context outside it (IPython event hooks, input and AST
 # transformers, which an earlier cell may have registered) does not have it.
 CELL_CODE: contextvars.ContextVar[str | None] = contextvars.ContextVar("ipybox_cell_code", default=None)
+# Whether `mark_cell_code` runs in this kernel (ipybox's launcher and a gateway kernel's set-up call
+# it). In a stock IPython kernel that imports ipybox_kernel nothing marks the cell's code, so there
+# is nothing to tell hooks from the cell by, and calls are not refused for it.
+_marking = False
 
 
 def carry_execution_context(kernel: Any) -> None:
@@ -58,6 +62,7 @@ def carry_execution_context(kernel: Any) -> None:
 
 def mark_cell_code(shell: Any, kernel: Any) -> None:
     """Make `CELL_CODE` name the running execution while IPython runs the cell's own code."""
+    global _marking
     run_code = shell.run_code
 
     async def run_cell_code(*args: Any, **kwargs: Any) -> Any:
@@ -68,12 +73,13 @@ def mark_cell_code(shell: Any, kernel: Any) -> None:
             CELL_CODE.reset(token)
 
     shell.run_code = run_cell_code
+    _marking = True
 
 
 def outside_cell_code(msg_id: str) -> bool:
     """Whether the calling context belongs to execution ``msg_id`` but is not its cell's code, nor
     started by it: an IPython event hook or transformer, which may be an earlier cell's."""
-    return CELL_CODE.get() != msg_id
+    return _marking and CELL_CODE.get() != msg_id
 
 
 def announce_execution(kernel: Any) -> None:

@@ -112,3 +112,17 @@ async def http_server(transport: str, *args: str) -> AsyncGenerator[str]:
         if process.returncode is None:
             process.kill()
         await process.aclose()
+
+
+async def tools_as_generation_lists(name: str, params: dict[str, Any]) -> list[Any]:
+    """The server's tools as generation lists them: with the same client capabilities advertised
+    (``session_callbacks``; a server may list some tools only to a client that can answer them)."""
+    from ipybox._mcp._serverasks import ClientFeatures, session_callbacks
+    from ipybox._mcp._servers import open_session, parse_server_params
+
+    async def never(context: object, request: object) -> Any:
+        raise AssertionError("listing tools asked nothing of the client")
+
+    callbacks = session_callbacks(ClientFeatures(), elicit=never, sample=never)
+    async with open_session(name, parse_server_params(params), callbacks=callbacks) as session:
+        return list((await session.list_tools()).tools)

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import anyio.to_thread
 import pytest
-from codegen_support import EVERYTHING_BIN, EVERYTHING_MISSING, everything_params, load_package, run_json
+from codegen_support import (
+    EVERYTHING_BIN,
+    EVERYTHING_MISSING,
+    everything_params,
+    load_package,
+    run_json,
+    tools_as_generation_lists,
+)
 
 from ipybox._mcp._servers import open_session, parse_server_params
 from ipybox.codegen._codegen import GenerationReport, generate_package
@@ -38,9 +45,8 @@ async def test_every_tool_of_server_everything_gets_a_typed_module(
     everything: tuple[Path, GenerationReport],
 ) -> None:
     root, report = everything
-    async with open_session("everything", parse_server_params(everything_params())) as session:
-        listing = await session.list_tools()
-    assert sorted(t.name for t in report.sources.tools) == sorted(t.name for t in listing.tools)
+    listed = await tools_as_generation_lists("everything", everything_params())
+    assert sorted(t.name for t in report.sources.tools) == sorted(t.name for t in listed)
     assert all(not t.fallbacks for t in report.sources.tools)
     assert {"echo", "get_sum", "get_structured_content"} <= set(report.modules)
     assert sorted(p.stem for p in (root / "everything").glob("*.py")) == sorted(["__init__", *report.modules])

@@ -9,10 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from codegen_support import EVERYTHING_BIN, EVERYTHING_MISSING, everything_params, shapes_params
+from codegen_support import (
+    EVERYTHING_BIN,
+    EVERYTHING_MISSING,
+    everything_params,
+    shapes_params,
+    tools_as_generation_lists,
+)
 
 from ipybox._exceptions import UsageError
-from ipybox._mcp._servers import open_session, parse_server_params
 from ipybox.codegen._codegen import generate_mcp_sources
 from ipybox.codegen._stubs import render_tool_stubs
 
@@ -129,12 +134,11 @@ async def test_stubs_do_not_copy_what_other_code_hangs_on_asts_shared_context_ob
 async def test_stubs_of_server_everything_are_much_smaller_than_its_json_schemas(tmp_path: Path) -> None:
     root = tmp_path / "mcptools"
     await generate_mcp_sources("everything", everything_params(), root)
-    async with open_session("everything", parse_server_params(everything_params())) as session:
-        listing = await session.list_tools()
-    raw = json.dumps([tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in listing.tools])
+    listed = await tools_as_generation_lists("everything", everything_params())
+    raw = json.dumps([tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in listed])
     stubs = render_tool_stubs(root)
     assert len(stubs) < 0.5 * len(raw), f"stubs {len(stubs)} chars vs raw JSON {len(raw)} chars"
-    assert len([line for line in stubs.splitlines() if line.startswith("class ")]) == len(listing.tools)
+    assert len([line for line in stubs.splitlines() if line.startswith("class ")]) == len(listed)
     assert "    def run(params: Params) -> Result: ..." in stubs  # get-structured-content
     ast.parse(stubs)
 
