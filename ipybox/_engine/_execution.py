@@ -14,7 +14,7 @@ import logging
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -285,15 +285,8 @@ class Tally:
         if self.network is not None:
             # The proxy forgets an execution's count when it ends: the largest seen stands.
             self.network_bytes = max(self.network_bytes, self.network())
-        return ActionAccount(
-            tool_calls=self.tool_calls,
-            approved=self.approved,
-            rejected=self.rejected,
-            approval_wait=self.approval_wait,
-            tool_time=self.tool_time,
-            connections=self.connections,
-            network_bytes=self.network_bytes,
-        )
+        # The account's fields are the tally's counts, so a new count is added in two places, not three.
+        return ActionAccount(**{f.name: getattr(self, f.name) for f in fields(ActionAccount)})
 
 
 class ExecutionDriver:
