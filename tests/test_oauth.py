@@ -24,7 +24,14 @@ from servers.fixtures import stop_process
 
 import ipybox
 from ipybox import CodeExecutionResult, CodeExecutor, GenerationError, UsageError, generate_mcp_sources
-from ipybox.oauth import AuthorizationRequest, FileTokenStore, LoopbackAuthorizer, OAuth, import_tokens
+from ipybox.oauth import (
+    AuthorizationRequest,
+    FileTokenStore,
+    LoopbackAuthorizer,
+    OAuth,
+    TokenStore,
+    import_tokens,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -529,3 +536,55 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@dataclass
+class SecretsManagerStore:
+    """An application's own store (as one backed by a secrets manager or the OS keyring would be):
+    records live in the application's hands, here a dict; ipybox writes no file of its own."""
+
+    records: dict[str, dict[str, Any]] = field(default_factory=dict[str, dict[str, Any]])
+    calls: list[str] = field(default_factory=list[str])
+
+    def load(self, url: str) -> dict[str, Any] | None:
+        self.calls.append(f"load {url}")
+        record = self.records.get(url)
+        return None if record is None else json.loads(json.dumps(record))
+
+    def save(self, url: str, record: Any) -> None:
+        self.calls.append(f"save {url}")
+        self.records[url] = json.loads(json.dumps(record))
+
+    def delete(self, url: str) -> None:
+        self.calls.append(f"delete {url}")
+        self.records.pop(url, None)
+
+
+async def test_an_applications_own_token_store_serves_generation_and_kernel_calls_and_no_file_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default store's place, so that a file written there by mistake would be seen.
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    workspace, root = tmp_path / "ws", tmp_path / "ws" / "mcptools"
+    workspace.mkdir()
+    store = SecretsManagerStore()
+    assert isinstance(store, TokenStore)
+    with notes_server(tmp_path / "log.jsonl") as notes:
+        await generate_mcp_sources("notes", params(notes.url), root, oauth=OAuth(authorize=Person(), store=store))
+        key = resource_url_from_server_url(notes.url)
+        assert list(store.records) == [key]
+        assert store.records[key]["tokens"]["access_token"]
+        # A later executor with the same store and no one to ask: the stored token is used.
+        async with CodeExecutor(
+            workspace=workspace, tools_dir=root, approval="auto", oauth=OAuth(store=store)
+        ) as executor:
+            text = await run_code(executor, "from mcptools.notes import read_notes\nprint(read_notes.run().result)")
+    assert text == "three notes\n"
+    assert len(notes.events("authorize")) == 1
+    assert f"load {key}" in store.calls
+    assert not (tmp_path / "xdg").exists()
+    assert not [
+        p
+        for p in tmp_path.rglob("*")
+        if p.is_file() and store.records[key]["tokens"]["access_token"] in p.read_text(errors="replace")
+    ]
