@@ -23,7 +23,6 @@ from servers.gateway import SANDBOXED, Gateway, run_sandboxed_gateway
 
 from ipybox import (
     ApprovalRequest,
-    CodeExecutionResult,
     CodeExecutor,
     ExecutionTimeout,
     GatewayKernel,
@@ -31,7 +30,7 @@ from ipybox import (
     Timeouts,
 )
 
-from .test_clock import CALL, COMPUTE_WHILE_WAITING, TIMEOUT
+from .test_clock import CALL, COMPUTE_WHILE_WAITING, TIMEOUT, call_approved_late
 from .test_kernel_uid import RELEASE_PIPE_PAGES, TAKE_PIPE_PAGES, host_ids, host_root_grows_a_pipe
 from .test_main_thread_leftovers import CELL_2, SETUP
 
@@ -121,15 +120,7 @@ async def test_a_thread_that_computes_while_a_call_waits_for_approval_runs_into_
 async def test_with_an_approval_budget_a_cell_that_only_waits_for_a_long_approval_does_not_time_out(
     patient_executor: CodeExecutor,
 ) -> None:
-    result: CodeExecutionResult | None = None
-    async for event in patient_executor.execute(CALL, timeout=TIMEOUT):
-        if isinstance(event, ApprovalRequest):
-            # A person taking several times the cell's timeout to answer: the wait is the point.
-            await anyio.sleep(4 * TIMEOUT)
-            await event.accept()
-        elif isinstance(event, CodeExecutionResult):
-            result = event
-    assert result is not None and result.text == "3\n"
+    await call_approved_late(patient_executor.execute(CALL, timeout=TIMEOUT))
 
 
 def _kernel_pids(marker: str) -> list[int]:
