@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
@@ -31,7 +33,13 @@ from ipybox import (
 )
 
 from .test_clock import CALL, COMPUTE_WHILE_WAITING, TIMEOUT, call_approved_late
-from .test_kernel_uid import RELEASE_PIPE_PAGES, TAKE_PIPE_PAGES, host_ids, host_root_grows_a_pipe
+from .test_kernel_uid import (
+    RELEASE_PIPE_PAGES,
+    TAKE_PIPE_PAGES,
+    host_ids,
+    host_root_grows_a_pipe,
+    kernelspec_launcher,
+)
 from .test_main_thread_leftovers import CELL_2, SETUP
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
@@ -172,3 +180,23 @@ async def test_pipe_pages_a_gateway_kernel_exhausts_leave_host_root_able_to_grow
     # The kernel did reach its uid's limit (EPERM), within the soft limit's 16,384 pages or so.
     assert error == "1" and 0 < int(grown) <= 64, result.text
     assert host.returncode == 0, host.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernelspec looks for a uid of the kernel's own only as root")
+def test_where_bwrap_cannot_run_as_another_uid_the_kernelspec_says_so_loudly_and_runs_the_kernel_as_root(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    launcher = kernelspec_launcher()
+    # Private directories where the launcher makes them (the kernel's uid must reach them).
+    first, second = tempfile.mkdtemp(prefix="ipybox-kernel-"), tempfile.mkdtemp(prefix="ipybox-kernel-")
+    try:
+        # A bwrap that cannot start a sandbox (as on a host without unprivileged user namespaces).
+        assert launcher.own_uid("/bin/false", first, launcher.python_dirs()) is None
+        warning = capfd.readouterr().err
+        assert "WARNING" in warning and "runs as the gateway's uid 0 (root)" in warning, warning
+        # And with the real bwrap, the probe passes: a uid of its own, not root's.
+        found = launcher.own_uid(shutil.which("bwrap"), second, launcher.python_dirs())
+        assert found is not None and found[0] != 0, capfd.readouterr().err
+    finally:
+        shutil.rmtree(first)
+        shutil.rmtree(second)

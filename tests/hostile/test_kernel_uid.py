@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -195,13 +196,18 @@ async def test_the_tool_socket_is_given_to_the_kernels_group_only(executor: Code
 KERNELSPEC_LAUNCHER = Path(__file__).resolve().parents[2] / "deploy" / "gateway" / "ipybox-sandboxed" / "launch.py"
 
 
-def _kernelspec_pick(candidates: list[int]) -> int:
-    """The shipped gateway kernelspec's choice (a stdlib script of its own, loaded from its file)."""
+def kernelspec_launcher() -> Any:
+    """The shipped gateway kernelspec's launcher (a stdlib script of its own), loaded from its file."""
     spec = importlib.util.spec_from_file_location("ipybox_sandboxed_launch", KERNELSPEC_LAUNCHER)
     assert spec is not None and spec.loader is not None
     launcher = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(launcher)
-    return launcher.pick_uid(candidates)
+    return launcher
+
+
+def _kernelspec_pick(candidates: list[int]) -> int:
+    """The shipped gateway kernelspec's choice."""
+    return kernelspec_launcher().pick_uid(candidates)
 
 
 @pytest.mark.parametrize("pick", [_kerneluid._pick, _kernelspec_pick], ids=["local", "gateway_kernelspec"])

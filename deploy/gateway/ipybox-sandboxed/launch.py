@@ -24,7 +24,7 @@ starts the kernel so that it sees:
   with no supplementary groups: what it takes from a per-user kernel counter (inotify instances,
   pipe pages, processes, ...) is that uid's, neither root's nor another kernel's, and root-only
   files are other people's files to it. Where the host cannot run bwrap as another uid (no
-  unprivileged user namespaces), it says so loudly on stderr (the gateway's log) and runs the kernel
+  unprivileged user namespaces, a ``TMPDIR`` that uid cannot reach), it says so loudly on stderr (the gateway's log) and runs the kernel
   as root, as before.
 
 Stdlib only. Nothing of ipybox is needed on the gateway's host: the executor pushes ipybox_kernel.
@@ -221,10 +221,11 @@ def own_uid(bwrap: str, private: str, python: list[str]) -> tuple[int, dict[str,
             binds.append((path, target))
             sources[path] = target
     child = become(uid, binds)
-    # The interpreter started as the kernel will be, from what it is bound from.
+    # The interpreter started as the kernel will be, from what it is bound from; and the private
+    # directory, which the kernel's mounts come from (a TMPDIR the uid cannot reach fails here).
     probe = [
         bwrap, "--unshare-all", "--unshare-user", "--ro-bind", "/usr", "/usr", *SYSTEM_DIRS,
-        "--proc", "/proc", "--dev", "/dev",
+        "--proc", "/proc", "--dev", "/dev", "--ro-bind", private, "/mnt",
         *[arg for path in python for arg in ("--ro-bind", sources[path], path)],
         "--", sys.executable, "-I", "-S", "-c", "",
     ]  # fmt: skip
