@@ -24,8 +24,8 @@ starts the kernel so that it sees:
   with no supplementary groups: what it takes from a per-user kernel counter (inotify instances,
   pipe pages, processes, ...) is that uid's, neither root's nor another kernel's, and root-only
   files are other people's files to it. Where the host cannot run bwrap as another uid (no
-  unprivileged user namespaces, a ``TMPDIR`` that uid cannot reach), it says so loudly on stderr (the gateway's log) and runs the kernel
-  as root, as before.
+  unprivileged user namespaces, a ``TMPDIR`` that uid cannot reach), it says so loudly on stderr
+  (the gateway's log) and runs the kernel as root, as before.
 
 Stdlib only. Nothing of ipybox is needed on the gateway's host: the executor pushes ipybox_kernel.
 """
