@@ -164,6 +164,9 @@ async def test_under_a_root_gateway_each_kernel_runs_as_a_host_uid_of_its_own(
     first, second = await _host_uid(strict), await _host_uid(patient_executor)
     assert 0 not in (first, second)
     assert first != second
+    # Counted per uid, so it bounds the kernel's processes and threads (root would be exempt).
+    requests, result = await collect(strict, "import resource\nprint(resource.getrlimit(resource.RLIMIT_NPROC))")
+    assert (requests, result.text) == ([], "(512, 512)\n")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the kernel gets a uid of its own only when the gateway runs as root")

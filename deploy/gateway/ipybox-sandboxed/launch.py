@@ -22,10 +22,11 @@ starts the kernel so that it sees:
 - under a gateway that runs as root, a host uid and gid of its own (a random number no account,
   group or running process has, as ipybox does for local kernels: ipybox/sandbox/_kerneluid.py),
   with no supplementary groups: what it takes from a per-user kernel counter (inotify instances,
-  pipe pages, processes, ...) is that uid's, neither root's nor another kernel's, and root-only
-  files are other people's files to it. Where the host cannot run bwrap as another uid (no
-  unprivileged user namespaces, a ``TMPDIR`` that uid cannot reach), it says so loudly on stderr
-  (the gateway's log) and runs the kernel as root, as before.
+  pipe pages, processes, ...) is that uid's, neither root's nor another kernel's, root-only files
+  are other people's files to it, and RLIMIT_NPROC bounds its processes and threads (512). Where
+  the host cannot run bwrap as another uid (no unprivileged user namespaces, a ``TMPDIR`` that uid
+  cannot reach), it says so loudly on stderr (the gateway's log) and runs the kernel as root, as
+  before.
 
 Stdlib only. Nothing of ipybox is needed on the gateway's host: the executor pushes ipybox_kernel.
 """
@@ -38,6 +39,7 @@ import grp
 import json
 import os
 import pwd
+import resource
 import secrets
 import shutil
 import signal
@@ -68,6 +70,9 @@ MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
 SYSTEM_DIRS = [arg for d in ("/bin", "/sbin", "/lib", "/lib64", "/lib32") for arg in ("--ro-bind-try", d, d)]
+# Processes and threads a kernel of its own uid may have (RLIMIT_NPROC, counted per uid; ipybox's
+# default Limits.processes): a fork bomb stops there, where the gateway's service manager sets no limit.
+PROCESSES = 512
 # How long the one-off check that bwrap runs as another uid may take.
 PROBE_TIMEOUT = 30.0
 
@@ -191,6 +196,8 @@ def become(uid: int, binds: list[tuple[str, str]]) -> Callable[[], None]:
             check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
             for source, target in binds:
                 check(libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), f"binding {source}")
+        # Set as root, before the uid is taken: a process may lower its limits but not raise them.
+        resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
