@@ -31,6 +31,8 @@ from ipybox import (
     Limits,
     Timeouts,
 )
+from ipybox._approval._rendering import LEFT_RUNNING_WARNING
+from ipybox._kernel._leftrunning import UNSEEN
 
 from .test_clock import CALL, COMPUTE_WHILE_WAITING, TIMEOUT, call_approved_late
 from .test_kernel_uid import (
@@ -40,6 +42,9 @@ from .test_kernel_uid import (
     host_root_grows_a_pipe,
     kernelspec_launcher,
 )
+from .test_left_running import CELL_2 as LEFT_CELL_2
+from .test_left_running import LEAVE
+from .test_left_running import SETUP as LEFT_SETUP
 from .test_main_thread_leftovers import CELL_2, SETUP
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
@@ -76,6 +81,8 @@ async def strict(
         # Imports made and the MCP server started: timed cells reach their call at once.
         requests, result = await collect(executor, CALL)
         assert (len(requests), result.text) == (1, "3\n")
+        # The kernel's first code action: no earlier one could have left code in it.
+        assert requests[0].left_running is None
         yield executor
 
 
@@ -103,6 +110,22 @@ async def test_a_pre_run_cell_hook_an_earlier_cell_left_cannot_call_tools_in_the
     outcomes = eval(result.text)  # a list of strings the cell printed
     assert outcomes, result.text
     assert set(outcomes) == {"ToolCallRejected: outside the code action's own code"}, outcomes
+
+
+async def test_a_call_of_a_thread_an_earlier_cell_left_is_asked_with_the_statement_that_its_origin_is_unknown(
+    strict: CodeExecutor,
+) -> None:
+    # Cell 1 leaves a thread that copies cell 2's execution id and calls as cell 2. The host cannot
+    # see a gateway kernel's threads, so it cannot tell that thread from cell 2's own code: the
+    # request says so, first in every rendering, instead of passing as cell 2's.
+    requests, result = await collect(strict, LEFT_SETUP + LEAVE["threading.Thread"])
+    assert (requests, result.text) == ([], "")
+    requests, result = await collect(strict, LEFT_CELL_2)
+    assert result.text == "left -> ran\n", result.text
+    [request] = requests
+    assert request.left_running == UNSEEN
+    # Right under the headline.
+    assert request.description.split("\n")[1] == f"{LEFT_RUNNING_WARNING} {UNSEEN}", request.description
 
 
 async def test_a_thread_that_computes_while_a_call_waits_for_approval_runs_into_the_timeout(
