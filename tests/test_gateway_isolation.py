@@ -12,21 +12,18 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
 from deadline_support import patient
-from servers.gateway import Gateway, run_gateway
+from servers.gateway import SANDBOXED, Gateway, run_sandboxed_gateway
 
 from ipybox import CodeExecutor, ExecutionTimeout, GatewayKernel, KernelStartError, Timeouts
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[1]
-SANDBOXED = "ipybox-sandboxed"
 # Two kernel starts on a loaded 2-core machine, one of them in a sandbox.
 START_TIMEOUT = 60.0
 
@@ -73,9 +70,7 @@ async def _attack(attacker: CodeExecutor, victim_id: str) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def sandboxed_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """A stock Kernel Gateway on the ipc transport with the shipped kernelspec installed, as docs/remote.md says."""
-    jupyter = tmp_path_factory.mktemp("jupyter")
-    shutil.copytree(REPO / "deploy" / "gateway" / SANDBOXED, jupyter / "kernels" / SANDBOXED)
-    with run_gateway(options=("--KernelManager.transport=ipc",), env={"JUPYTER_PATH": str(jupyter)}) as gateway:
+    with run_sandboxed_gateway(tmp_path_factory.mktemp("jupyter")) as gateway:
         yield gateway
 
 

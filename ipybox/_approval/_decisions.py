@@ -153,10 +153,11 @@ class ApprovalRequest:
     left_running: str | None = None
     """The host's statement that code left running by an earlier code action (a thread or process it
     started) is alive in the kernel, so this request may come from that code and not from the
-    running code action; None when the host saw no such code when the code action began (or could
-    not look: a kernel on a gateway). The host sees this in /proc, never by asking the kernel; code
-    left in the kernel's main thread (hooks, patched functions) it cannot see (SECURITY.md,
-    "Attribution of requests"). `description` shows it first."""
+    running code action; None when the host saw no such code when the code action began. On a
+    kernel on a gateway, whose threads the host cannot see, every request after the kernel's first
+    code action says that its origin cannot be established. The host sees this in /proc, never by
+    asking the kernel; code left in the kernel's main thread (hooks, patched functions) it cannot see
+    (SECURITY.md, "Attribution of requests"). `description` shows it first."""
     _decided: anyio.Event = field(default_factory=anyio.Event, repr=False)
     _decision: ApprovalDecision | None = field(default=None, repr=False)
 

@@ -410,19 +410,25 @@ class ExecutionDriver:
         state.pending_changed.set()
         state.pending_changed = anyio.Event()
 
-    async def within_budget(self, finished: anyio.Event, cpu: Callable[[], float | None]) -> bool:
+    async def within_budget(
+        self, finished: anyio.Event, cpu: Callable[[], float | None], *, unseen_pause: float | None = None
+    ) -> bool:
         """Wait until ``finished``; False if the execution's timeout ran out first.
 
         The clock runs on wall time, except while approval requests are pending: then it runs as
         fast as the kernel uses CPU (``cpu()``: the CPU seconds of the kernel and everything it
         started), never faster than wall time. Code blocked on its approval uses none, so a long
         wait costs nothing, while a thread of it that computes meanwhile is charged as if nothing
-        waited. Where ``cpu()`` is None (the host cannot see the kernel) the clock stops instead.
+        waited. Where ``cpu()`` is None (the host cannot see the kernel, a gateway's) the clock
+        stops instead, but for at most ``unseen_pause`` seconds in all (the application's approval
+        budget, `Limits.approval_wait`; None: the execution's timeout), so code that computes while
+        a call waits runs for at most the timeout plus that, whatever the kernel does or asks.
         """
         state, remaining = self._state, self.execution.timeout
         if remaining is None:
             await finished.wait()
             return True
+        pause = remaining if unseen_pause is None else unseen_pause
         while not finished.is_set():
             if remaining <= 0:
                 return False
@@ -435,7 +441,12 @@ class ExecutionDriver:
                 continue
             used = cpu()
             if used is None:
-                await wait_any(finished, changed)
+                with anyio.move_on_after(pause + remaining):
+                    await wait_any(finished, changed)
+                spent = anyio.current_time() - begin
+                paused = min(spent, pause)
+                pause -= paused
+                remaining -= spent - paused
                 continue
             with anyio.move_on_after(min(remaining, CPU_SAMPLE_INTERVAL)):
                 await wait_any(finished, changed)

@@ -368,7 +368,8 @@ class CodeExecutor:
             code: Python source; IPython syntax (magics, top-level ``await``) works.
             timeout: Seconds the code may run; defaults to the executor's ``timeouts.execution``.
                 While a call waits for approval only the CPU time the kernel uses counts (a
-                kernel on a gateway: none). When it runs out the kernel is interrupted, and
+                kernel on a gateway: none, for at most ``limits.approval_wait`` seconds in all,
+                else the timeout once more). When it runs out the kernel is interrupted, and
                 restarted if it does not stop within ``timeouts.interrupt_grace`` seconds.
             key: Makes starting idempotent: while this executor runs, the same key returns the same
                 execution, and the code runs once. A keyed execution also outlives the cancellation
@@ -631,6 +632,7 @@ class CodeExecutor:
                                 workspace=self.workspace,
                                 output_chars=self.limits.output_chars,
                                 interrupt_grace=self.timeouts.interrupt_grace,
+                                approval_wait=self.limits.approval_wait,
                                 on_expired=self._keyed.release,
                                 events=kernel.follow(held.msg_id),
                                 before=suspension.output,
@@ -701,6 +703,7 @@ class CodeExecutor:
                     workspace=self.workspace,
                     output_chars=self.limits.output_chars,
                     interrupt_grace=self.timeouts.interrupt_grace,
+                    approval_wait=self.limits.approval_wait,
                     on_expired=self._keyed.release,
                 )
         finally:

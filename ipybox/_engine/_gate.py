@@ -137,7 +137,7 @@ class ApprovalGate:
         of earlier executions still alive in it (ipybox._kernel._leftrunning).
         """
         if kernel is not self._kernel or self._left is None:
-            self._kernel, self._earlier, self._left = kernel, [], LeftRunning(kernel.live_tasks)
+            self._kernel, self._earlier, self._left = kernel, [], LeftRunning(kernel.live_tasks, unseen=kernel.unseen)
         self._left_running = await self._left.begin()
         self._driver, self._msg_id = driver, msg_id
         began = self._policy_of(driver)

@@ -25,6 +25,7 @@ async def run_execution(
     workspace: Path,
     output_chars: int,
     interrupt_grace: float,
+    approval_wait: float | None,
     on_expired: Callable[[Execution, str], None],
     events: AsyncIterator[KernelEvent] | None = None,
     before: Sequence[CodeExecutionChunk] = (),
@@ -34,7 +35,9 @@ async def run_execution(
     ``events``: the kernel's events of an execution already running (a resumed one), instead of
     running the code; ``before``: the output it had sent to the host that suspended it.
 
-    Timeouts interrupt the kernel and kill it if it does not stop within ``interrupt_grace``;
+    Timeouts interrupt the kernel and kill it if it does not stop within ``interrupt_grace``; on a
+    kernel whose CPU time the host cannot see, waits for approval stop the clock for at most
+    ``approval_wait`` seconds in all (None: the timeout; see `ExecutionDriver.within_budget`);
     cancellation (`Execution.cancel`, shutdown) does the same and re-raises. ``on_expired`` is
     told when the execution was cancelled because its ttl ran out.
     """
@@ -64,7 +67,7 @@ async def run_execution(
         else:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(consume)
-                timed_out = not await driver.within_budget(finished, kernel.cpu_seconds)
+                timed_out = not await driver.within_budget(finished, kernel.cpu_seconds, unseen_pause=approval_wait)
                 if timed_out:
                     kernel.interrupt()
                     with anyio.move_on_after(interrupt_grace):

@@ -84,6 +84,8 @@ _DELETE_RETRY = 0.1
 class RemoteKernel:
     """One kernel on a gateway. Create with ``async with RemoteKernel.start(...)``."""
 
+    unseen = True
+
     def __init__(
         self,
         config: GatewayKernel,

@@ -17,6 +17,10 @@ class KernelHandle(Protocol):
 
     exited: anyio.Event
     """Set once the kernel is gone (its process exited, or the connection to it was lost)."""
+    unseen: bool
+    """Whether the kernel is a sandbox whose threads and processes the host cannot see (a kernel on a
+    gateway): then nothing tells whether code an earlier execution left in it is alive, and its
+    requests say so (ipybox._kernel._leftrunning)."""
 
     def new_msg_id(self) -> str:
         """A fresh id for an execute request."""

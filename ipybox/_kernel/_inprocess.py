@@ -264,6 +264,9 @@ class InProcessShell:
         exited: Set once the kernel was killed.
     """
 
+    # Not a sandbox: its code is the tester's own, and its threads are the host process's.
+    unseen = False
+
     def __init__(self, shell: Any, settings: Mapping[str, str], import_paths: Sequence[Path]) -> None:
         self._shell: Any = shell
         self._settings = dict(settings)

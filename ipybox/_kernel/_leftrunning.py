@@ -21,7 +21,8 @@ for again for a short grace before they count, unless new ones appear meanwhile.
 
 Not seen: code an earlier execution left in the kernel's main thread (event hooks, patched
 functions, asyncio tasks, signal handlers, trace functions) and kernels on a gateway (the host
-cannot read their /proc). Of those, asyncio tasks name their own (ended) execution and are refused,
+cannot read their /proc: every request of theirs after the kernel's first execution says that its
+origin cannot be established, `UNSEEN`). Of those, asyncio tasks name their own (ended) execution and are refused,
 and IPython hooks are refused in the kernel (ipybox_kernel._context.CELL_CODE). SECURITY.md,
 "Attribution of requests", says what holds for the rest.
 """
@@ -45,13 +46,22 @@ _WALKS = 8
 # looked for again after the first wait, then twice as long each time.
 _GRACE = 0.3
 _FIRST_WAIT = 0.005
+# What the requests of a kernel the host cannot look into say, once an earlier execution ran in it.
+UNSEEN = (
+    "the host cannot see this kernel's threads and processes (a kernel on a gateway), so code an earlier "
+    "code action left running in it may be alive: this request may come from that code, not from the "
+    "code shown with it"
+)
 
 
 class LeftRunning:
     """The threads and processes each execution of one kernel left behind, seen from the host."""
 
-    def __init__(self, walk: Callable[[], Tasks | None]) -> None:
+    def __init__(self, walk: Callable[[], Tasks | None], *, unseen: bool = False) -> None:
         self._walk = walk
+        self._unseen = unseen
+        # Whether an execution of this kernel has ended: code it left may be alive in it from then on.
+        self._ran = False
         self._baseline: Tasks | None = None
         # The execution each non-baseline thread was first seen alive at the end of.
         self._born_in: dict[tuple[int, int], str] = {}
@@ -61,7 +71,7 @@ class LeftRunning:
         no code of an earlier execution alive (or cannot look)."""
         tasks, steady = await anyio.to_thread.run_sync(self._steady_walk)
         if tasks is None:
-            return None
+            return UNSEEN if self._unseen and self._ran else None
         if self._baseline is None:
             self._baseline = tasks
             return None
@@ -93,6 +103,7 @@ class LeftRunning:
 
     def end(self, execution: str) -> None:
         """At the end of an execution: remember which threads it left behind, to name it later."""
+        self._ran = True
         tasks, _ = self._steady_walk()
         if tasks is None or self._baseline is None:
             return

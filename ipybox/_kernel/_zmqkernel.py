@@ -86,6 +86,8 @@ SANDBOX_SOCKET_DIR = "/tmp/.ipybox-kernel"
 class Kernel:
     """A running kernel. Create with ``async with Kernel.start(...)``."""
 
+    unseen = False
+
     def __init__(
         self,
         process: anyio.abc.Process,

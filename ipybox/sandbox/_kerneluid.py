@@ -36,7 +36,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,11 +76,8 @@ class KernelUid:
 
     @classmethod
     def new(cls) -> KernelUid:
-        """A uid no account and no group of this host has, and its empty staging directory."""
-        while True:
-            uid = secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0]) + _UID_RANGE[0]
-            if not _known(uid):
-                break
+        """A uid no account, group or running process of this host has, and its empty staging directory."""
+        uid = _pick(_random_ids())
         stage = Path(tempfile.mkdtemp(prefix="ipybox-stage-"))
         own = cls(uid=uid, gid=uid, stage=stage)
         own.grant(stage, 0o710)
@@ -175,6 +172,37 @@ def _probe(writable: list[str]) -> str | None:
         return None
     finally:
         own.remove()
+
+
+def _random_ids() -> Iterator[int]:
+    while True:
+        yield secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0]) + _UID_RANGE[0]
+
+
+def _pick(candidates: Iterable[int]) -> int:
+    """The first candidate no account or group has and no running process holds as a uid or gid: a
+    process of that uid would share the kernel's per-user counters and could signal or trace it
+    (one left by a kernel of an earlier ipybox process, say, or of another host user's range)."""
+    taken = _running_ids()
+    for uid in candidates:
+        if uid not in taken and not _known(uid):
+            return uid
+    raise RuntimeError("no free uid among the candidates")
+
+
+def _running_ids() -> set[int]:
+    """Every uid and gid a process in this PID namespace holds (real, effective, saved, filesystem)."""
+    ids: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", encoding="utf-8") as f:
+                lines = [line for line in f if line.startswith(("Uid:", "Gid:"))]
+        except OSError:
+            continue  # ended meanwhile
+        ids.update(int(value) for line in lines for value in line.split()[1:])
+    return ids
 
 
 def _known(uid: int) -> bool:

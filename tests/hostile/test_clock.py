@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, ExecutionTimeout, Timeouts
+from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, Execution, ExecutionTimeout, Timeouts
 
 pytestmark = pytest.mark.anyio
 
@@ -54,12 +54,17 @@ async def test_a_cell_that_only_waits_for_a_long_approval_does_not_time_out(work
     async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, approval="auto") as executor:
         # Imports made and the MCP server started, so that the timed cell does little but wait.
         assert (await executor.execute(CALL)).text == "3\n"
-        result: CodeExecutionResult | None = None
-        async for event in executor.execute(CALL, timeout=TIMEOUT, approval="ask"):
-            if isinstance(event, ApprovalRequest):
-                # A person taking several times the cell's timeout to answer: the wait is the point.
-                await anyio.sleep(4 * TIMEOUT)
-                await event.accept()
-            elif isinstance(event, CodeExecutionResult):
-                result = event
-        assert result is not None and result.text == "3\n"
+        await call_approved_late(executor.execute(CALL, timeout=TIMEOUT, approval="ask"))
+
+
+async def call_approved_late(execution: Execution) -> None:
+    """Approve `CALL` long after its timeout, and check it ran."""
+    result: CodeExecutionResult | None = None
+    async for event in execution:
+        if isinstance(event, ApprovalRequest):
+            # A person taking several times the cell's timeout to answer: the wait is the point.
+            await anyio.sleep(4 * TIMEOUT)
+            await event.accept()
+        elif isinstance(event, CodeExecutionResult):
+            result = event
+    assert result is not None and result.text == "3\n"

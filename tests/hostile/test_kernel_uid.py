@@ -11,17 +11,20 @@ that user's uid, which is not shared with root.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import subprocess
 import sys
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from ipybox import CodeExecutor
+from ipybox.sandbox import _kerneluid
 
 from .conftest import kernel_of, run
 
@@ -188,3 +191,49 @@ async def test_the_tool_socket_is_given_to_the_kernels_group_only(executor: Code
         check=False,
     )
     assert b"PermissionError" in probe.stderr, probe.stderr
+
+
+KERNELSPEC_LAUNCHER = Path(__file__).resolve().parents[2] / "deploy" / "gateway" / "ipybox-sandboxed" / "launch.py"
+
+
+def kernelspec_launcher() -> Any:
+    """The shipped gateway kernelspec's launcher (a stdlib script of its own), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("ipybox_sandboxed_launch", KERNELSPEC_LAUNCHER)
+    assert spec is not None and spec.loader is not None
+    launcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launcher)
+    return launcher
+
+
+def _kernelspec_pick(candidates: list[int]) -> int:
+    """The shipped gateway kernelspec's choice."""
+    return kernelspec_launcher().pick_uid(candidates)
+
+
+@pytest.mark.parametrize("pick", [_kerneluid._pick, _kernelspec_pick], ids=["local", "gateway_kernelspec"])
+def test_a_uid_or_gid_a_running_process_holds_is_never_picked_for_a_kernel(pick: Callable[[list[int]], int]) -> None:
+    # A process of a uid in the kernels' range that no account has (one left by an earlier kernel,
+    # say): a kernel given that uid would share its per-user counters and could signal it.
+    busy_uid, busy_gid, free = (secrets.randbelow(0x0FFD0000) + 0x70000000 for _ in range(3))
+    holder = subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={busy_uid}",
+            f"--regid={busy_gid}",
+            "--clear-groups",
+            "sh",
+            "-c",
+            "echo up; exec sleep 600",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        # Says so once it runs with those ids (setpriv sets them before it execs the shell).
+        assert holder.stdout is not None and holder.stdout.readline() == b"up\n"
+        assert host_ids(holder.pid)[0] == [busy_uid] * 4
+        assert pick([busy_uid, free]) == free
+        assert pick([busy_gid, free]) == free
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert pick([busy_uid, free]) == busy_uid

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,7 +24,11 @@ import pytest
 
 from .fixtures import stop_process
 
-__all__ = ("Gateway", "Relay", "gateway", "relay", "run_gateway")
+__all__ = ("SANDBOXED", "Gateway", "Relay", "gateway", "relay", "run_gateway", "run_sandboxed_gateway")
+
+REPO = Path(__file__).resolve().parents[2]
+# The shipped kernelspec that runs each gateway kernel in a sandbox (deploy/gateway/).
+SANDBOXED = "ipybox-sandboxed"
 
 # A cold start of the gateway (tornado, jupyter_server) on a loaded 2-core machine stays well below this.
 START_TIMEOUT = 60.0
@@ -132,6 +137,15 @@ def run_gateway(
             yield gateway
         finally:
             stop_process(process)
+
+
+@contextmanager
+def run_sandboxed_gateway(jupyter: Path) -> Generator[Gateway]:
+    """A stock Kernel Gateway on the ipc transport with the shipped kernelspec installed under
+    ``jupyter`` (an empty directory), as docs/remote.md says."""
+    shutil.copytree(REPO / "deploy" / "gateway" / SANDBOXED, jupyter / "kernels" / SANDBOXED)
+    with run_gateway(options=("--KernelManager.transport=ipc",), env={"JUPYTER_PATH": str(jupyter)}) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="session")

@@ -18,21 +18,36 @@ starts the kernel so that it sees:
 - a read-only system (``/usr``, ``/etc`` minus its secrets: the known ones, ``/etc/jupyter`` (a
   gateway's configuration may hold its token) and whatever is not world-readable, since the kernel
   reads as the gateway's user, root maybe), the Python installation, a private ``/tmp`` as its only
-  writable place, no capabilities, no new user namespaces, a new session (no terminal).
+  writable place, no capabilities, no new user namespaces, a new session (no terminal);
+- under a gateway that runs as root, a host uid and gid of its own (a random number no account,
+  group or running process has, as ipybox does for local kernels: ipybox/sandbox/_kerneluid.py),
+  with no supplementary groups: what it takes from a per-user kernel counter (inotify instances,
+  pipe pages, processes, ...) is that uid's, neither root's nor another kernel's, root-only files
+  are other people's files to it, and RLIMIT_NPROC bounds its processes and threads (512). Where
+  the host cannot run bwrap as another uid (no unprivileged user namespaces, a ``TMPDIR`` that uid
+  cannot reach), it says so loudly on stderr (the gateway's log) and runs the kernel as root, as
+  before.
 
 Stdlib only. Nothing of ipybox is needed on the gateway's host: the executor pushes ipybox_kernel.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import grp
 import json
 import os
+import pwd
+import resource
+import secrets
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import NoReturn
 
@@ -48,16 +63,30 @@ KERNEL_ENV = {
 }
 
 
+# systemd's table of uid ranges leaves 0x70000000..0x7FFDFFFF unassigned (as ipybox/sandbox/_kerneluid.py).
+UID_RANGE = (0x70000000, 0x7FFDFFFF)
+CLONE_NEWNS = 0x00020000
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+SYSTEM_DIRS = [arg for d in ("/bin", "/sbin", "/lib", "/lib64", "/lib32") for arg in ("--ro-bind-try", d, d)]
+# Processes and threads a kernel of its own uid may have (RLIMIT_NPROC, counted per uid; ipybox's
+# default Limits.processes): a fork bomb stops there, where the gateway's service manager sets no limit.
+PROCESSES = 512
+# How long the one-off check that bwrap runs as another uid may take.
+PROBE_TIMEOUT = 30.0
+
+
 def fail(message: str) -> NoReturn:
     print(f"ipybox-sandboxed kernel: {message}", file=sys.stderr, flush=True)
     raise SystemExit(1)
 
 
-def python_mounts() -> list[str]:
-    """The interpreter and its packages (a venv and the installation it is made from), read-only at
-    their own paths; ``/usr`` is bound anyway."""
+def python_dirs() -> list[str]:
+    """The interpreter and its packages (a venv and the installation it is made from), bound read-only
+    at their own paths; ``/usr`` is bound anyway."""
     paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    return [arg for path in sorted(paths) if not path.startswith("/usr/") for arg in ("--ro-bind", path, path)]
+    return sorted(path for path in paths if not path.startswith("/usr/"))
 
 
 # As ipybox's own sandbox masks them (ipybox/sandbox/_sandbox.py; this script cannot import ipybox).
@@ -82,11 +111,147 @@ def etc_masks(empty: str) -> list[str]:
             except OSError:
                 continue
             if stat.S_ISDIR(info.st_mode):
-                (pending if info.st_mode & stat.S_IROTH else dirs).append(entry.path)
+                # One others cannot both list and search is masked whole: a kernel of its own uid
+                # could not reach a mask inside it.
+                readable = info.st_mode & stat.S_IROTH and info.st_mode & stat.S_IXOTH
+                (pending if readable else dirs).append(entry.path)
             elif stat.S_ISREG(info.st_mode) and not info.st_mode & stat.S_IROTH:
                 files.append(entry.path)
     masks = [arg for path in sorted(set(files)) for arg in ("--ro-bind", empty, path)]
     return masks + [arg for path in sorted(set(dirs)) for arg in ("--tmpfs", path, "--remount-ro", path)]
+
+
+def warn(message: str) -> None:
+    print(f"ipybox-sandboxed kernel: WARNING: {message}", file=sys.stderr, flush=True)
+
+
+def running_ids() -> set[int]:
+    """Every uid and gid a running process holds (real, effective, saved and filesystem ones)."""
+    ids: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", encoding="utf-8") as f:
+                lines = [line for line in f if line.startswith(("Uid:", "Gid:"))]
+        except OSError:
+            continue  # ended meanwhile
+        ids.update(int(value) for line in lines for value in line.split()[1:])
+    return ids
+
+
+def known(uid: int) -> bool:
+    """Whether an account or a group of this host has the number."""
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        with contextlib.suppress(KeyError):
+            lookup(uid)
+            return True
+    return False
+
+
+def random_uids() -> Iterator[int]:
+    while True:
+        yield secrets.randbelow(UID_RANGE[1] - UID_RANGE[0]) + UID_RANGE[0]
+
+
+def pick_uid(candidates: Iterable[int]) -> int:
+    """The first candidate that no account, group or running process has: a process of that uid
+    (or gid) would share the kernel's per-user counters and could signal or trace it."""
+    taken = running_ids()
+    for uid in candidates:
+        if uid not in taken and not known(uid):
+            return uid
+    raise RuntimeError("no free uid among the candidates")
+
+
+def reachable(path: str, gid: int) -> bool:
+    """Whether a uid with no file of its own and group ``gid`` can look resolved ``path`` up."""
+    parent = os.path.dirname(path)
+    while True:
+        try:
+            info = os.stat(parent)
+        except OSError:
+            return False
+        if not (info.st_mode & stat.S_IXOTH or (info.st_gid == gid and info.st_mode & stat.S_IXGRP)):
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
+
+
+def become(uid: int, binds: list[tuple[str, str]]) -> Callable[[], None]:
+    """What the child runs before it execs bwrap: bind ``binds`` (source, staging directory) in a
+    mount namespace of its own (so the host sees none of them), then take ``uid`` and its gid with
+    no supplementary groups. bwrap then makes its user namespace as that uid."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def run() -> None:
+        if binds:
+            check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+            check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making / private")
+            for source, target in binds:
+                check(libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None), f"binding {source}")
+        # Set as root, before the uid is taken: a process may lower its limits but not raise them.
+        resource.setrlimit(resource.RLIMIT_NPROC, (PROCESSES, PROCESSES))
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+
+    return run
+
+
+def own_uid(bwrap: str, private: str, python: list[str]) -> tuple[int, dict[str, str], Callable[[], None]] | None:
+    """Under a root gateway: a uid of the kernel's own, where bwrap finds each of ``python`` (a
+    staged bind for those the uid cannot reach, a Python under ``/root`` say), and what the child
+    runs to take the uid; None (with a warning) where bwrap cannot run as another uid here."""
+    if os.geteuid() != 0:
+        return None
+    uid = pick_uid(random_uids())
+    os.chown(private, 0, uid)
+    os.chmod(private, 0o710)
+    stage = os.path.join(private, "stage")
+    os.mkdir(stage, 0o710)
+    os.chown(stage, 0, uid)
+    sources: dict[str, str] = {}
+    binds: list[tuple[str, str]] = []
+    for path in python:
+        if reachable(path, uid):
+            sources[path] = path
+        else:
+            target = os.path.join(stage, str(len(binds)))
+            os.mkdir(target, 0o700)
+            binds.append((path, target))
+            sources[path] = target
+    child = become(uid, binds)
+    # The interpreter started as the kernel will be, from what it is bound from; and the private
+    # directory, which the kernel's mounts come from (a TMPDIR the uid cannot reach fails here).
+    probe = [
+        bwrap, "--unshare-all", "--unshare-user", "--ro-bind", "/usr", "/usr", *SYSTEM_DIRS,
+        "--proc", "/proc", "--dev", "/dev", "--ro-bind", private, "/mnt",
+        *[arg for path in python for arg in ("--ro-bind", sources[path], path)],
+        "--", sys.executable, "-I", "-S", "-c", "",
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(
+            probe, preexec_fn=child, capture_output=True, text=True, timeout=PROBE_TIMEOUT, check=False
+        )
+        problem = done.stderr.strip() if done.returncode != 0 else None
+    except (OSError, subprocess.SubprocessError) as exc:
+        problem = str(exc)
+    if problem is None:
+        return uid, sources, child
+    warn(
+        f"the kernel runs as the gateway's uid 0 (root), not as a uid of its own: bwrap could not run as "
+        f"another uid here ({problem}). Its per-user kernel resources (inotify, pipe pages, processes) are "
+        "counted as root's and it reads what root reads of the system; enable unprivileged user namespaces, "
+        "or run the gateway as an unprivileged user"
+    )
+    return None
 
 
 def main() -> None:
@@ -135,19 +300,30 @@ def main() -> None:
         setenv = [arg for name, value in KERNEL_ENV.items() for arg in ("--setenv", name, value)]
         empty = os.path.join(private, "empty")
         os.close(os.open(empty, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444))
+        python = python_dirs()
+        own = own_uid(bwrap, private, python)
+        sources = {path: path for path in python}
+        child = None
+        if own is not None:
+            uid, sources, child = own
+            # Its own connection information (read) and socket directory (the kernel binds there;
+            # the gateway, root, connects through the links).
+            os.chown(connection, 0, uid)
+            os.chmod(connection, 0o640)
+            os.chown(sockets, uid, uid)
         argv = [
             bwrap,
             "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
             "--die-with-parent", "--new-session",
             "--ro-bind", "/usr", "/usr",
             "--ro-bind", "/etc", "/etc", *etc_masks(empty),
-            *[arg for d in ("/bin", "/sbin", "/lib", "/lib64", "/lib32") for arg in ("--ro-bind-try", d, d)],
+            *SYSTEM_DIRS,
             "--proc", "/proc",
             "--dev", "/dev",
             "--size", str(TMP_BYTES), "--tmpfs", "/tmp",
             "--perms", "0755", "--tmpfs", "/run",
             # After the private /tmp and /run: an interpreter or venv under them is bound over those.
-            *python_mounts(),
+            *[arg for path in python for arg in ("--ro-bind", sources[path], path)],
             "--ro-bind", connection, f"{INSIDE}/connection.json",
             "--bind", sockets, f"{INSIDE}/sockets",
             "--remount-ro", "/",
@@ -156,7 +332,7 @@ def main() -> None:
             "--",
             sys.executable, "-m", "ipykernel_launcher", "-f", f"{INSIDE}/connection.json",
         ]  # fmt: skip
-        code = subprocess.call(argv, stdin=subprocess.DEVNULL)
+        code = subprocess.call(argv, stdin=subprocess.DEVNULL, preexec_fn=child)
     finally:
         clean_up()
     raise SystemExit(code)
