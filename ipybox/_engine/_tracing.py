@@ -25,7 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import (
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    TracerProvider,
+)
 
 if TYPE_CHECKING:
     from ipybox._approval._decisions import ApprovalDecision
@@ -81,16 +90,30 @@ class ActionTracer:
         from ipybox import __version__
 
         provider = settings.tracer_provider
+        self._provider = provider
         # The global API's tracer follows a provider the application sets later.
         self._tracer: Tracer = (
             trace.get_tracer("ipybox", __version__) if provider is None else provider.get_tracer("ipybox", __version__)
         )
         self.values = settings.values
 
+    def configured(self) -> bool:
+        """Whether spans go anywhere: an SDK (or another real provider) is configured. Asked once per
+        code action, never cached: the application may configure the SDK after ipybox is imported,
+        and the global provider is followed as it changes."""
+        provider = trace.get_tracer_provider() if self._provider is None else self._provider
+        return not isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider))
+
     def start_action(
         self, *, execution_id: str, key: str | None, code: str, parent: otel_context.Context | None
     ) -> Span:
-        """The span of a code action, a child of ``parent`` (the context ``execute()`` was called in)."""
+        """The span of a code action, a child of ``parent`` (the context ``execute()`` was called in).
+
+        With no tracer configured it is the API's span that records nothing but carries the caller's
+        trace (passed on to MCP servers), made without hashing the code or building attributes.
+        """
+        if not self.configured():
+            return self._tracer.start_span(ACTION_SPAN, context=parent, kind=SpanKind.INTERNAL)
         encoded = code.encode("utf-8", "surrogatepass")
         attributes: dict[str, Any] = {
             "ipybox.execution.id": execution_id,
@@ -106,6 +129,9 @@ class ActionTracer:
         span: Span, result: CodeExecutionResult | None, error: IpyboxError | None, account: ActionAccount
     ) -> None:
         """Record the outcome of a code action and what its tool calls came to, and end its span."""
+        if not span.is_recording():
+            span.end()
+            return
         span.set_attributes(
             {
                 "ipybox.tool_calls": account.tool_calls,
