@@ -278,6 +278,7 @@ class Tally:
     tool_time: float = 0.0
     connections: int = 0
     network_bytes: int = 0
+    output_bytes: int = 0
     network: Callable[[], int] | None = None
     """The network proxy's count of the execution's bytes so far (0 once it forgot them)."""
 

@@ -141,6 +141,7 @@ class ActionTracer:
                 "ipybox.tool.time_total": account.tool_time,
                 "ipybox.network.connections": account.connections,
                 "ipybox.network.bytes_total": account.network_bytes,
+                "ipybox.output.bytes_total": account.output_bytes,
             }
         )
         if result is not None:
