@@ -66,6 +66,10 @@ def call_site_of(code: str, line: object, module: object) -> CallSite:
 
 @functools.lru_cache(maxsize=4)
 def _lines(code: str) -> tuple[str, ...]:
-    """The lines of ``code``, split once per code action rather than once per call: a loop's calls all
-    come with the same code (the running executions' codes, a few at most, are kept)."""
-    return tuple(_LINE_END.split(code))
+    """The lines of ``code`` as the kernel numbers them, split once per code action rather than once
+    per call: a loop's calls all come with the same code (the running executions' codes, a few at
+    most, are kept). IPython drops a cell's leading blank lines before it compiles it (its
+    ``leading_empty_lines`` transform), so line 1 is the first line that is not blank."""
+    lines = _LINE_END.split(code)
+    first = next((i for i, line in enumerate(lines) if line and not line.isspace()), 0)
+    return tuple(lines[first:])

@@ -233,8 +233,9 @@ class ApprovalGate:
         preset = None if refusal is None else ApprovalDecision(approved=False, reason=refusal, by="ipybox")
         return await self._decide(driver, request, preset=preset)
 
-    async def network(self, host: str, port: int, execution_id: str) -> ApprovalDecision:
-        """The network proxy's asker: a decision on a connection to an unlisted destination."""
+    async def network(self, host: str, port: int, execution_id: str, line: int | None = None) -> ApprovalDecision:
+        """The network proxy's asker: a decision on a connection to an unlisted destination; ``line``:
+        the line of the code action the kernel says opened it, shown from the host's copy of the code."""
         driver = self._driver
         if driver is None or driver.execution.id != execution_id:
             return ApprovalDecision(approved=False, reason="its code action has ended", by="ipybox")
@@ -243,7 +244,11 @@ class ApprovalGate:
             return unknown
         fields = network_request_fields(host, port)
         request = driver.new_request(
-            NetworkRequest, **fields, execution_id=execution_id, left_running=self._left_running
+            NetworkRequest,
+            **fields,
+            execution_id=execution_id,
+            call_site=call_site_of(driver.execution.code, line, None),
+            left_running=self._left_running,
         )
         return await self._decide(driver, request)
 
