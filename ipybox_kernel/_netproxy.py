@@ -44,10 +44,11 @@ class _Side:
 
 
 class _Pair:
-    def __init__(self, client: socket.socket, host: socket.socket, preamble: bytes) -> None:
+    def __init__(self, client: socket.socket, host: socket.socket, client_port: int) -> None:
         self.client = _Side(client)
         self.host = _Side(host)
-        self.host.out += preamble
+        self.client_port = client_port
+        self.started = False  # the first line went to the host (with the client's first bytes)
         self.closed = False
 
     def peer(self, side: _Side) -> _Side:
@@ -57,7 +58,7 @@ class _Pair:
 class _Forwarder:
     def __init__(self, socket_path: str, token: str) -> None:
         self._path = socket_path
-        self._preamble = token.encode() + b"\n"
+        self._token = token.encode()
         self._selector = selectors.DefaultSelector()
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.bind(("127.0.0.1", 0))
@@ -79,7 +80,7 @@ class _Forwarder:
 
     def _accept(self) -> None:
         try:
-            client, _ = self.listener.accept()
+            client, address = self.listener.accept()
         except OSError:
             return
         host = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -92,7 +93,7 @@ class _Forwarder:
             return
         client.setblocking(False)
         host.setblocking(False)
-        pair = _Pair(client, host, self._preamble)
+        pair = _Pair(client, host, address[1])
         for side in (pair.client, pair.host):
             self._update(pair, side)
 
@@ -108,6 +109,12 @@ class _Forwarder:
         peer = pair.peer(side)
         if mask & selectors.EVENT_READ:
             data = side.sock.recv(_BUFFER)
+            if data and not pair.started:
+                # The first line waits for the client's first bytes: by then the code that connected
+                # has noted its line (_note_line runs when connect() returns, before it sends).
+                pair.started = True
+                line = _LINES.pop(pair.client_port, None)
+                peer.out += self._token + (b"" if line is None else b" %d" % line) + b"\n"
             if data:
                 peer.out += data
             else:
@@ -164,4 +171,43 @@ def start_forwarder() -> int | None:
         os.environ[name] = os.environ[name.lower()] = url
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = _LOCAL
     threading.Thread(target=forwarder.run, name="ipybox-network", daemon=True).start()
+    _note_lines_of_connections_to(port)
     return port
+
+
+# The line of the running cell that opened each connection to the forwarder, by the connection's
+# port on the sandbox's loopback, until the forwarder takes it; at most _MAX_LINES kept. Kernel code
+# can write here (it can write anything in the kernel): the host shows a line only from its own copy
+# of the code, so a forgery can point at another line of it, no more (SECURITY.md).
+_LINES: dict[int, int] = {}
+_MAX_LINES = 1024
+
+
+def _note_lines_of_connections_to(port: int) -> None:
+    """Note the calling line of every connection made to the forwarder at ``port`` (a client going
+    through HTTP_PROXY), for the host's approval of its destination."""
+    from ._client import call_site
+
+    real = socket.socket.connect
+
+    def connect(self: socket.socket, address: object) -> None:
+        try:
+            real(self, address)  # pyright: ignore[reportArgumentType]
+        finally:
+            # Also after BlockingIOError: a non-blocking connect has its local port already.
+            if isinstance(address, tuple) and address[:2] == ("127.0.0.1", port):
+                _note_line(self, call_site().line)
+
+    socket.socket.connect = connect
+
+
+def _note_line(sock: socket.socket, line: int | None) -> None:
+    if line is None:
+        return
+    try:
+        local = sock.getsockname()[1]
+    except OSError:
+        return
+    while len(_LINES) >= _MAX_LINES:
+        _LINES.pop(next(iter(_LINES)), None)
+    _LINES[local] = line

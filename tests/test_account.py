@@ -60,7 +60,7 @@ async def test_the_result_and_the_span_account_for_the_calls(
     account = result.account
     assert (account.tool_calls, account.approved, account.rejected) == (4, 3, 1)
     assert account.approval_wait > 0 and account.tool_time > 0
-    assert nothing.account == ActionAccount()  # each code action counts its own
+    assert nothing.account == ActionAccount(output_bytes=1)  # each code action counts its own: '2'
     action = next(span for span in exporter.get_finished_spans() if span.name == ACTION_SPAN)
     attributes = dict(action.attributes or {})
     assert attributes["ipybox.tool_calls"] == 4
@@ -68,6 +68,27 @@ async def test_the_result_and_the_span_account_for_the_calls(
     assert attributes["ipybox.tool_calls.rejected"] == 1
     assert attributes["ipybox.approval.wait_total"] == account.approval_wait
     assert attributes["ipybox.tool.time_total"] == account.tool_time
+
+
+async def test_the_account_counts_the_bytes_of_output_the_host_received(
+    kernel_kind: str, tools_dir: Path, workspace: Path
+) -> None:
+    code = (
+        "import sys\nfrom IPython.display import display\n"
+        "print('\u00e9' * 10)\n"  # 10 two-byte characters and a newline: 21 bytes
+        "sys.stderr.write('warn!')\nsys.stderr.flush()\n"  # 5 bytes
+        "display({'text/plain': 'ab', 'application/json': {'k': 1}}, raw=True)\n"  # 'ab' and '{"k": 1}': 10
+        "'\u20ac'"  # the result '€', shown as its repr: "'€'", 5 bytes
+    )
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    async with executor_for(kernel_kind, workspace, tools_dir, tracing=Tracing(tracer_provider=provider)) as executor:
+        result = await executor.execute(code)
+    assert result.text.count("\u00e9") == 10 and "warn!" in result.text
+    assert result.account.output_bytes == 21 + 5 + 10 + 5
+    action = next(span for span in exporter.get_finished_spans() if span.name == ACTION_SPAN)
+    assert dict(action.attributes or {})["ipybox.output.bytes_total"] == 41
 
 
 async def test_calls_past_the_tool_call_budget_fail_in_the_kernel_and_the_next_action_starts_afresh(

@@ -47,6 +47,17 @@ def made_at(request: ApprovalRequest) -> str:
     return line
 
 
+async def test_a_cell_that_starts_with_blank_lines_is_numbered_as_the_kernel_numbers_it(
+    kernel_kind: str, tools_dir: Path, workspace: Path
+) -> None:
+    # IPython drops a cell's leading blank lines before it compiles it; the host counts alike.
+    call = "greet.run(greet.Params(name='site'))"
+    code = f"\n  \n\t\nfrom mcptools.test import greet\n{call}\n"
+    async with executor_for(kernel_kind, workspace, tools_dir) as executor:
+        [request], _ = await collect(executor, code)
+    assert request.call_site == CallSite(line=2, text=call, module=None)
+
+
 async def test_a_call_from_the_cell_names_its_line_and_shows_the_hosts_text(
     kernel_kind: str, tools_dir: Path, workspace: Path
 ) -> None:

@@ -34,6 +34,7 @@ from ipybox import (
     UsageError,
 )
 from ipybox._approval._decisions import ApprovalDecision
+from ipybox._engine._callsite import CallSite
 from ipybox.network._policy import address_problem
 from ipybox.network._proxy import NetworkProxy
 
@@ -315,6 +316,60 @@ async def test_an_unlisted_destination_with_ask_becomes_an_approval_event_and_bo
     assert first.rule_name == f"network:web.test:{web.port}"
 
 
+async def test_a_network_request_names_the_line_that_opened_the_connection_or_says_it_is_unknown(
+    asking: CodeExecutor, web: WebServer
+) -> None:
+    # The cell's own line (urllib through the forwarder), then one from a thread, which has no line.
+    code = _FETCH.format(names=["web.test"], port=web.port) + textwrap.dedent(
+        f"""
+        import threading
+        t = threading.Thread(target=lambda: urllib.request.urlopen("http://other.test:{web.port}/t").read())
+        t.start(); t.join()
+        """
+    )
+    asked, _ = await _answer_each(asking, code, ["accept", "accept"])
+    cell, thread = asked
+    line = 'print(urllib.request.urlopen(f"http://{name}:' + str(web.port) + '/asked").read().decode())'
+    # Line 4 as the kernel counts: IPython drops the code's leading blank line, and the host alike.
+    assert cell.call_site == CallSite(line=4, text=line, module=None)
+    assert f"Made at: line 4 of the code action: {line}" in cell.description
+    assert thread.call_site == CallSite(line=None, text=None, module=None)
+    assert "Made at: an unknown line" in thread.description
+
+
+@pytest.mark.parametrize("forged", [10**8, 40, 0])
+async def test_a_forged_calling_line_shows_no_text_the_host_did_not_run(
+    asking: CodeExecutor, web: WebServer, forged: int
+) -> None:
+    # Kernel code rewrites what the forwarder sends: a line past the end of this code action (40: a
+    # line of the longer code action run before it), a huge one, zero. The host shows no text for
+    # any of them; its copy of this code has 4 lines.
+    await asking.execute("\n".join(f"earlier_{i} = {i}" for i in range(50)))
+    code = (
+        "import urllib.request, ipybox_kernel._netproxy as n\n"
+        f"n._note_line = lambda sock, line: n._LINES.__setitem__(sock.getsockname()[1], {forged})\n"
+        f"urllib.request.urlopen('http://web.test:{web.port}/forged').read()\n"
+        "print('done')"
+    )
+    asked, text = await _answer_each(asking, code, ["accept"])
+    assert text.strip() == "done"
+    assert asked[0].call_site == CallSite(line=None, text=None, module=None)
+    assert "earlier_" not in asked[0].description and "Made at: an unknown line" in asked[0].description
+
+
+async def test_a_forged_calling_line_inside_the_code_can_only_point_at_another_line_of_it(
+    asking: CodeExecutor, web: WebServer
+) -> None:
+    code = (
+        "import urllib.request, ipybox_kernel._netproxy as n\n"
+        "n._note_line = lambda sock, line: n._LINES.__setitem__(sock.getsockname()[1], 1)\n"
+        f"urllib.request.urlopen('http://web.test:{web.port}/forged').read()"
+    )
+    asked, _ = await _answer_each(asking, code, ["accept"])
+    first = "import urllib.request, ipybox_kernel._netproxy as n"
+    assert asked[0].call_site == CallSite(line=1, text=first, module=None)
+
+
 async def test_an_approved_destination_still_cannot_reach_a_non_public_address(asking: CodeExecutor) -> None:
     asked, text = await _answer_each(asking, _FETCH.format(names=["meta.test"], port=80), ["accept"])
     assert len(asked) == 1
@@ -594,7 +649,7 @@ async def test_the_proxy_refuses_strays_bad_tokens_and_malformed_oversized_or_un
 ) -> None:
     running: list[str | None] = [None]
 
-    async def never(host: str, port: int, execution_id: str) -> ApprovalDecision:
+    async def never(host: str, port: int, execution_id: str, line: int | None) -> ApprovalDecision:
         raise AssertionError("nothing here may be asked")
 
     token = "t" * 32

@@ -127,3 +127,25 @@ async def test_a_hook_that_raises_changes_no_decision_and_breaks_no_call(tools_d
         result = await ex.execute(CALLS.replace("('greet', {'name': 'hook'}), ", ""))
     assert json.loads(result.text) == {"add": "ran", "delete_item": "ToolCallRejected", "fail": "ToolExecutionError"}
     assert seen == ["ToolCallRequested", "ToolCallDecided", "ToolCallFinished"] * 3
+
+
+async def test_an_executions_own_observer_sees_its_calls_only_until_it_stops(tools_dir: Path, workspace: Path) -> None:
+    # Next to the executor's hook: an observer of one execution (what adapters put in their traces).
+    hooked: list[ToolCallEvent] = []
+    one = "from mcptools.test import add\nprint(add.run({'a': 1, 'b': 2}).result)"
+    async with CodeExecutor(workspace=workspace, tools_dir=tools_dir, approval=RULES, on_tool_call=hooked.append) as ex:
+        first = ex.execute(CALLS)
+        seen: list[ToolCallEvent] = []
+        first.on_tool_call(seen.append)
+        await first
+        second = ex.execute(one)
+        stopped: list[ToolCallEvent] = []
+        stop = second.on_tool_call(stopped.append)
+        stop()
+        stop()  # twice: harmless
+        await second
+    assert [(e.tool, type(e).__name__) for e in seen] == [
+        (e.tool, type(e).__name__) for e in hooked if e.execution_id == first.id
+    ]
+    assert {e.tool for e in seen} == {"add", "greet", "delete_item", "fail"}
+    assert any(e.execution_id == second.id for e in hooked) and stopped == []

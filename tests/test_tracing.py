@@ -106,6 +106,7 @@ async def test_a_code_action_is_a_span_with_a_child_span_per_tool_call(
         "ipybox.tool.time_total": result.account.tool_time,
         "ipybox.network.connections": 0,  # no network
         "ipybox.network.bytes_total": 0,
+        "ipybox.output.bytes_total": len(result.text.encode()),  # its one print, all kept
     }
     calls = tool_spans(exporter)
     assert list(calls) == ["add", "greet", "delete_item", "fail"]

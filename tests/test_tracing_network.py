@@ -12,7 +12,7 @@ from network_support import WebServer, serving
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tracing_support import provider_for
 
-from ipybox import CodeExecutor, Network, Tracing
+from ipybox import CodeExecutor, Network, NetworkRequest, Tracing
 from ipybox._engine._tracing import ACTION_SPAN
 
 pytestmark = pytest.mark.anyio
@@ -61,3 +61,19 @@ async def test_connections_are_events_of_the_code_actions_span_and_counted_on_it
     closed = events.get("ipybox.network.closed")
     if closed is not None:  # the relay may end after the code action (then the proxy closes it)
         assert closed["ipybox.network.bytes"] > BODY
+
+
+async def test_an_asked_connections_span_names_the_line_that_opened_it(workspace: Path, web: WebServer) -> None:
+    exporter = InMemorySpanExporter()
+    network = Network(allow=[f"127.0.0.1:{web.port}"], unlisted="ask", hosts={"web.test": "127.0.0.1"})
+    code = f"import urllib.request\nx = 1\nurllib.request.urlopen('http://web.test:{web.port}/asked').read()"
+    tracing = Tracing(tracer_provider=provider_for(exporter), values=True)
+    async with CodeExecutor(workspace=workspace, network=network, tracing=tracing) as executor:
+        async for event in executor.execute(code):
+            if isinstance(event, NetworkRequest):
+                await event.accept()
+    [connect] = [span for span in exporter.get_finished_spans() if span.name == "execute_tool connect"]
+    attributes: dict[str, Any] = dict(connect.attributes or {})
+    assert attributes["code.line.number"] == 3
+    # The line's text only with values on (it may hold arguments), from the host's copy of the code.
+    assert attributes["ipybox.call_site.text"] == code.splitlines()[2]

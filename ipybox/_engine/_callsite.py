@@ -9,6 +9,7 @@ module's name is shown quoted unless it is a plain dotted name.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -52,7 +53,7 @@ class CallSite:
 
 def call_site_of(code: str, line: object, module: object) -> CallSite:
     """The call site for what the kernel reported (``line``, ``module``) about a call of ``code``."""
-    lines = _LINE_END.split(code)
+    lines = _lines(code)
     # A bool is an int to Python, not a line number; anything out of range is no line at all (never
     # printed: a huge number may not even convert to text).
     known = isinstance(line, int) and not isinstance(line, bool) and 1 <= line <= len(lines)
@@ -61,3 +62,14 @@ def call_site_of(code: str, line: object, module: object) -> CallSite:
         return CallSite(line=None, text=None, module=shown)
     assert isinstance(line, int)
     return CallSite(line=line, text=lines[line - 1].strip(), module=shown)
+
+
+@functools.lru_cache(maxsize=4)
+def _lines(code: str) -> tuple[str, ...]:
+    """The lines of ``code`` as the kernel numbers them, split once per code action rather than once
+    per call: a loop's calls all come with the same code (the running executions' codes, a few at
+    most, are kept). IPython drops a cell's leading blank lines before it compiles it (its
+    ``leading_empty_lines`` transform), so line 1 is the first line that is not blank."""
+    lines = _LINE_END.split(code)
+    first = next((i for i, line in enumerate(lines) if line and not line.isspace()), 0)
+    return tuple(lines[first:])

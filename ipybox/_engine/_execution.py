@@ -25,6 +25,7 @@ from ipybox._exceptions import ExecutionCancelled, ExecutionLost, IpyboxError
 
 from ._outputmarks import ReceivedMarks
 from ._results import ActionAccount, CodeExecutionChunk, CodeExecutionResult
+from ._toolevents import ToolCallHook
 from ._waiting import wait_any
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ class _State:
     expired: bool = False
     on_delivered: Callable[[Execution], None] | None = None
     """Called once when the outcome has been delivered to a consumer."""
+    watchers: list[ToolCallHook] = field(default_factory=list[ToolCallHook])
+    """Observers of this execution's tool calls (`Execution.on_tool_call`)."""
 
     def bump_idle(self, by: int) -> None:
         self.idle += by
@@ -130,6 +133,24 @@ class Execution:
         """This execution's approval policy (``execute(approval=...)``); None: the executor's."""
         self.ttl = ttl
         """Seconds this execution may wait for an approval decision before it is cancelled."""
+
+    def on_tool_call(self, hook: ToolCallHook) -> Callable[[], None]:
+        """Observe this execution's tool calls and asked connections from now on: ``hook`` gets the
+        same `ToolCallEvent`s as the executor's ``on_tool_call`` hook, for this execution's calls only
+        (a framework adapter puts them in its framework's trace). An observer like that hook: what it
+        raises is logged and dropped, and it cannot change a decision.
+
+        Returns:
+            A function that stops the observing.
+        """
+        watchers = self._state.watchers
+        watchers.append(hook)
+
+        def stop() -> None:
+            if hook in watchers:
+                watchers.remove(hook)
+
+        return stop
 
     def __repr__(self) -> str:
         state = "done" if self.done else "running"
@@ -278,6 +299,7 @@ class Tally:
     tool_time: float = 0.0
     connections: int = 0
     network_bytes: int = 0
+    output_bytes: int = 0
     network: Callable[[], int] | None = None
     """The network proxy's count of the execution's bytes so far (0 once it forgot them)."""
 
@@ -301,6 +323,8 @@ class ExecutionDriver:
         """The execution's span while it runs (ipybox._engine._tracing), the parent of its tool calls' spans."""
         self.linked: set[int] = set()
         """Span ids the execution's span links to as resumed by, and its parent's (ipybox._engine._tracing)."""
+        self.watchers = state.watchers
+        """The execution's own observers of its tool calls (`Execution.on_tool_call`); the gate tells them."""
         self.account = Tally()
         """What its tool calls came to so far; the gate counts (`CodeExecutionResult.account`)."""
 

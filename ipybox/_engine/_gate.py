@@ -40,7 +40,7 @@ from ipybox.network._request import NetworkRequest, network_request_fields
 
 from ._callsite import CallSite, call_site_of
 from ._execution import ExecutionDriver, Tally
-from ._toolevents import ToolCallDecided, ToolCallFinished, ToolCallHook, ToolCallRequested, notify
+from ._toolevents import ToolCallDecided, ToolCallEvent, ToolCallFinished, ToolCallHook, ToolCallRequested, notify
 from ._tracing import ActionTracer
 
 if TYPE_CHECKING:
@@ -71,6 +71,8 @@ class _OpenCall:
     recording nothing, still carries the trace of the caller of ``execute()``)."""
     account: Tally | None
     """Its code action's count, for a tool call of the running execution."""
+    watchers: list[ToolCallHook] | None
+    """Its execution's own observers (`Execution.on_tool_call`); None for a stray call."""
     decided: float | None = None
 
 
@@ -231,8 +233,9 @@ class ApprovalGate:
         preset = None if refusal is None else ApprovalDecision(approved=False, reason=refusal, by="ipybox")
         return await self._decide(driver, request, preset=preset)
 
-    async def network(self, host: str, port: int, execution_id: str) -> ApprovalDecision:
-        """The network proxy's asker: a decision on a connection to an unlisted destination."""
+    async def network(self, host: str, port: int, execution_id: str, line: int | None = None) -> ApprovalDecision:
+        """The network proxy's asker: a decision on a connection to an unlisted destination; ``line``:
+        the line of the code action the kernel says opened it, shown from the host's copy of the code."""
         driver = self._driver
         if driver is None or driver.execution.id != execution_id:
             return ApprovalDecision(approved=False, reason="its code action has ended", by="ipybox")
@@ -241,7 +244,11 @@ class ApprovalGate:
             return unknown
         fields = network_request_fields(host, port)
         request = driver.new_request(
-            NetworkRequest, **fields, execution_id=execution_id, left_running=self._left_running
+            NetworkRequest,
+            **fields,
+            execution_id=execution_id,
+            call_site=call_site_of(driver.execution.code, line, None),
+            left_running=self._left_running,
         )
         return await self._decide(driver, request)
 
@@ -316,9 +323,10 @@ class ApprovalGate:
         running = driver or self._driver
         parent = None if running is None else running.span
         account = driver.account if driver is not None and call is not None else None
+        watchers = driver.watchers if driver is not None else None
         if tracer is None or not tracer.traces_under(parent):
             tracer = None
-            if hook is None and account is None:
+            if hook is None and account is None and not watchers:
                 return None
         fields = _fields(driver, call_id, server, tool)
         span = None
@@ -333,13 +341,13 @@ class ApprovalGate:
                 stray=driver is None,
                 call_site=call_site,
             )
-        opened = _OpenCall(fields, perf_counter(), span, span or parent, account)
+        opened = _OpenCall(fields, perf_counter(), span, span or parent, account, watchers)
         if account is not None:
             account.tool_calls += 1
         if call is not None:
             self._open[id(call)] = opened
-        if hook is not None:
-            await notify(hook, ToolCallRequested(**fields, arguments=arguments, annotations=annotations))
+        if hook is not None or watchers:
+            await self._tell(opened, ToolCallRequested(**fields, arguments=arguments, annotations=annotations))
         return opened
 
     async def _decided(
@@ -358,11 +366,11 @@ class ApprovalGate:
             ActionTracer.decided(opened.span, decision, policy, waited)
             if call is None and self.tracer is not None:  # a connection: its span ends with its decision
                 self.tracer.finished(opened.span, None if decision.approved else "rejected", 0.0)
-        if self.hook is not None:
+        if self.hook is not None or opened.watchers:
             # A copy: the ToolServer reads the gate's own decision after the hook has run, so not even a
             # hook that writes past the frozen dataclass can change what is done.
             event = ToolCallDecided(**opened.fields, decision=replace(decision), policy=policy, waited=waited)
-            await notify(self.hook, event)
+            await self._tell(opened, event)
 
     def network_event(self, event: NetworkEvent) -> None:
         """The network proxy's report of a connection of the running execution: counted on its
@@ -398,8 +406,15 @@ class ApprovalGate:
         if opened.span is not None and self.tracer is not None:
             outcome = None if result is None else result.structured if result.structured is not None else result.text
             self.tracer.finished(opened.span, error, duration, outcome)
+        if self.hook is not None or opened.watchers:
+            await self._tell(opened, ToolCallFinished(**opened.fields, error=error, duration=duration))
+
+    async def _tell(self, opened: _OpenCall, event: ToolCallEvent) -> None:
+        """Hand ``event`` to the executor's hook and to the call's execution's own observers."""
         if self.hook is not None:
-            await notify(self.hook, ToolCallFinished(**opened.fields, error=error, duration=duration))
+            await notify(self.hook, event)
+        for watcher in tuple(opened.watchers or ()):  # one may stop observing meanwhile
+            await notify(watcher, event)
 
     def _over_budget(self, account: Tally) -> str | None:
         """Why the running execution may make no more tool calls, or None."""

@@ -25,6 +25,11 @@ __all__ = ("OutputCollector", "clean_traceback")
 _TRUNCATED_MIME = "application/vnd.ipybox.truncated+json"
 
 
+def _utf8_size(text: str) -> int:
+    # surrogatepass: kernel text may hold lone surrogates, which are still bytes it sent.
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def clean_traceback(lines: list[str]) -> str:
     """The traceback as plain text, without ANSI codes and without ipybox's own frames."""
     kept = [strip_ansi(line) for line in lines if "ipybox_kernel" not in line]
@@ -63,9 +68,13 @@ class OutputCollector:
         """Emit output an earlier host received for this execution (a resumed one), within the cap."""
         self._emit_text(chunk.text, chunk.stream)
 
+    def _received(self, size: int) -> None:
+        self._driver.account.output_bytes += size
+
     def add(self, event: KernelEvent) -> None:
         match event:
             case Stream(name=name, text=text):
+                self._received(_utf8_size(text))
                 self._emit_text(text, name)
             case Display(data=data) if _TRUNCATED_MIME in data:
                 report: object = data[_TRUNCATED_MIME]
@@ -73,7 +82,9 @@ class OutputCollector:
                 if isinstance(dropped, int) and dropped > 0:
                     self.truncated += dropped
             case Display(kind=kind, data=data, metadata=metadata):
-                size = sum(len(v) if isinstance(v, str) else len(json.dumps(v)) for v in data.values())
+                texts = [v if isinstance(v, str) else json.dumps(v) for v in data.values()]
+                self._received(sum(_utf8_size(text) for text in texts))
+                size = sum(len(text) for text in texts)
                 if self._take(size) < size:
                     return
                 self._outputs.append(Output(data=dict(data), metadata=dict(metadata), kind=kind))
@@ -88,6 +99,7 @@ class OutputCollector:
                 self.execution_count = count
             case Dropped(size=size):
                 # Dropped unread by the host, so counted in bytes as sent rather than in characters.
+                self._received(size)
                 self.truncated += size
             case Mark(id=mark):
                 # Every chunk the kernel sent before the mark has been emitted by now.

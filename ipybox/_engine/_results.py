@@ -47,7 +47,7 @@ class Image:
 
 @dataclass(frozen=True, kw_only=True)
 class ActionAccount:
-    """What one code action's tool calls came to, counted by the host.
+    """What one code action came to, counted by the host: its tool calls, connections and output.
 
     Times of calls made at once (``acall_tool`` gathered, threads) add up, so they can exceed the
     code action's duration.
@@ -67,6 +67,11 @@ class ActionAccount:
     """Network connections opened through the executor's proxy (`Network`)."""
     network_bytes: int = 0
     """Bytes those connections moved, both ways, until the code action ended."""
+    output_bytes: int = 0
+    """Bytes of output the host received from the code: stdout, stderr, results and displays (text as
+    UTF-8, rich data as its JSON), and messages it dropped unread as the kernel sent them. Output the
+    kernel dropped at the source past the output cap is not received, so not counted
+    (`CodeExecutionResult.truncated_chars` counts it)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,4 +89,4 @@ class CodeExecutionResult:
     truncated_chars: int = 0
     """How many characters of output were dropped because the execution exceeded its output cap."""
     account: ActionAccount = field(default_factory=ActionAccount)
-    """What the code action's tool calls came to: counts and times."""
+    """What the code action came to: its tool calls' counts and times, its connections and output."""

@@ -25,7 +25,16 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import (
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    Span,
+    SpanKind,
+    Status,
+    StatusCode,
+    Tracer,
+    TracerProvider,
+)
 
 if TYPE_CHECKING:
     from ipybox._approval._decisions import ApprovalDecision
@@ -35,7 +44,15 @@ if TYPE_CHECKING:
     from ._callsite import CallSite
     from ._results import ActionAccount, CodeExecutionResult
 
-__all__ = ("ACTION_SPAN", "MAX_ATTRIBUTE_CHARS", "MAX_VALUE_CHARS", "ActionTracer", "Tracing")
+__all__ = (
+    "ACTION_SPAN",
+    "MAX_ATTRIBUTE_CHARS",
+    "MAX_VALUE_CHARS",
+    "ActionTracer",
+    "Tracing",
+    "bounded",
+    "tool_span_name",
+)
 
 ACTION_SPAN = "ipybox.code_action"
 """The name of a code action's span."""
@@ -62,8 +79,14 @@ class Tracing:
     values: bool = False
 
 
-def _bounded(text: str, limit: int = MAX_ATTRIBUTE_CHARS) -> str:
+def bounded(text: str, limit: int = MAX_ATTRIBUTE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were cut: for what kernel code or a server chose."""
     return text if len(text) <= limit else f"{text[:limit]}...(+{len(text) - limit:,} characters)"
+
+
+def tool_span_name(tool: str) -> str:
+    """The name of a tool call's span (GenAI conventions: ``execute_tool {gen_ai.tool.name}``)."""
+    return f"execute_tool {bounded(tool, 256)}"
 
 
 def _json(value: Any) -> str:
@@ -71,7 +94,7 @@ def _json(value: Any) -> str:
         text = json.dumps(value, ensure_ascii=False, default=repr)
     except ValueError:  # a circular structure cannot come from JSON; kept safe anyway
         text = repr(value)
-    return _bounded(text, MAX_VALUE_CHARS)
+    return bounded(text, MAX_VALUE_CHARS)
 
 
 class ActionTracer:
@@ -81,16 +104,30 @@ class ActionTracer:
         from ipybox import __version__
 
         provider = settings.tracer_provider
+        self._provider = provider
         # The global API's tracer follows a provider the application sets later.
         self._tracer: Tracer = (
             trace.get_tracer("ipybox", __version__) if provider is None else provider.get_tracer("ipybox", __version__)
         )
         self.values = settings.values
 
+    def configured(self) -> bool:
+        """Whether spans go anywhere: an SDK (or another real provider) is configured. Asked once per
+        code action, never cached: the application may configure the SDK after ipybox is imported,
+        and the global provider is followed as it changes."""
+        provider = trace.get_tracer_provider() if self._provider is None else self._provider
+        return not isinstance(provider, (ProxyTracerProvider, NoOpTracerProvider))
+
     def start_action(
         self, *, execution_id: str, key: str | None, code: str, parent: otel_context.Context | None
     ) -> Span:
-        """The span of a code action, a child of ``parent`` (the context ``execute()`` was called in)."""
+        """The span of a code action, a child of ``parent`` (the context ``execute()`` was called in).
+
+        With no tracer configured it is the API's span that records nothing but carries the caller's
+        trace (passed on to MCP servers), made without hashing the code or building attributes.
+        """
+        if not self.configured():
+            return self._tracer.start_span(ACTION_SPAN, context=parent, kind=SpanKind.INTERNAL)
         encoded = code.encode("utf-8", "surrogatepass")
         attributes: dict[str, Any] = {
             "ipybox.execution.id": execution_id,
@@ -98,7 +135,7 @@ class ActionTracer:
             "ipybox.code.sha256": hashlib.sha256(encoded).hexdigest(),
         }
         if key is not None:
-            attributes["ipybox.execution.key"] = _bounded(key)
+            attributes["ipybox.execution.key"] = bounded(key)
         return self._tracer.start_span(ACTION_SPAN, context=parent, kind=SpanKind.INTERNAL, attributes=attributes)
 
     @staticmethod
@@ -106,6 +143,9 @@ class ActionTracer:
         span: Span, result: CodeExecutionResult | None, error: IpyboxError | None, account: ActionAccount
     ) -> None:
         """Record the outcome of a code action and what its tool calls came to, and end its span."""
+        if not span.is_recording():
+            span.end()
+            return
         span.set_attributes(
             {
                 "ipybox.tool_calls": account.tool_calls,
@@ -115,6 +155,7 @@ class ActionTracer:
                 "ipybox.tool.time_total": account.tool_time,
                 "ipybox.network.connections": account.connections,
                 "ipybox.network.bytes_total": account.network_bytes,
+                "ipybox.output.bytes_total": account.output_bytes,
             }
         )
         if result is not None:
@@ -126,7 +167,7 @@ class ActionTracer:
             span.set_attribute("error.type", type(error).__name__)
             ename = getattr(error, "ename", None)  # CodeExecutionError: the kernel's exception name
             if isinstance(ename, str):
-                span.set_attribute("ipybox.code.error_name", _bounded(ename))
+                span.set_attribute("ipybox.code.error_name", bounded(ename))
             output = getattr(error, "output", None)
             if isinstance(output, str):
                 span.set_attribute("ipybox.output.chars", len(output))
@@ -181,9 +222,9 @@ class ActionTracer:
         """
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": _bounded(tool),
+            "gen_ai.tool.name": bounded(tool),
             "gen_ai.tool.type": "extension",
-            "ipybox.mcp.server": _bounded(server),
+            "ipybox.mcp.server": bounded(server),
         }
         if call_id is not None:
             attributes["gen_ai.tool.call.id"] = call_id
@@ -195,16 +236,17 @@ class ActionTracer:
             if call_site.line is not None:
                 attributes["code.line.number"] = call_site.line
             if call_site.module is not None:
-                attributes["ipybox.call_site.module"] = _bounded(call_site.module)
+                attributes["ipybox.call_site.module"] = bounded(call_site.module)
         if self.values:
             attributes["gen_ai.tool.call.arguments"] = _json(arguments)
             # The line's text may hold argument values too.
             if call_site is not None and call_site.text is not None:
-                attributes["ipybox.call_site.text"] = _bounded(call_site.text)
+                attributes["ipybox.call_site.text"] = bounded(call_site.text)
         # An explicit parent, never the current context: the call runs on the ToolServer's task.
         context = otel_context.Context() if parent is None else trace.set_span_in_context(parent)
-        name = f"execute_tool {_bounded(tool, 256)}"
-        return self._tracer.start_span(name, context=context, kind=SpanKind.INTERNAL, attributes=attributes)
+        return self._tracer.start_span(
+            tool_span_name(tool), context=context, kind=SpanKind.INTERNAL, attributes=attributes
+        )
 
     @staticmethod
     def decided(span: Span, decision: ApprovalDecision, policy: str | None, waited: float) -> None:
@@ -215,20 +257,20 @@ class ActionTracer:
             "ipybox.approval.wait": waited,
         }
         if policy is not None:
-            attributes["ipybox.approval.policy"] = _bounded(policy)
+            attributes["ipybox.approval.policy"] = bounded(policy)
         if decision.reason is not None:
-            attributes["ipybox.approval.reason"] = _bounded(decision.reason)
+            attributes["ipybox.approval.reason"] = bounded(decision.reason)
         span.set_attributes(attributes)  # at once: the SDK takes a lock per call
 
     @staticmethod
     def network_event(span: Span, event: NetworkEvent) -> None:
         """A connection of the code action (opened, asked, answered, refused, over a limit, closed) as
         an event ``ipybox.network.{kind}`` on its span: the destination, never the traffic."""
-        attributes: dict[str, Any] = {"server.address": _bounded(event.host), "server.port": event.port}
+        attributes: dict[str, Any] = {"server.address": bounded(event.host), "server.port": event.port}
         if event.address is not None:
             attributes["network.peer.address"] = event.address
         if event.reason is not None:
-            attributes["ipybox.network.reason"] = _bounded(event.reason)
+            attributes["ipybox.network.reason"] = bounded(event.reason)
         if event.kind in ("closed", "limit"):
             attributes["ipybox.network.bytes"] = event.bytes
         span.add_event(f"ipybox.network.{event.kind}", attributes)
@@ -237,7 +279,7 @@ class ActionTracer:
         """Record how a call ended and end its span (``error``: None or the kind the kernel got)."""
         span.set_attribute("ipybox.tool.duration", duration)
         if error is not None:
-            span.set_attribute("error.type", _bounded(error))
+            span.set_attribute("error.type", bounded(error))
             span.set_status(Status(StatusCode.ERROR))
         elif self.values and result is not None:
             span.set_attribute("gen_ai.tool.call.result", _json(result))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
@@ -59,8 +60,12 @@ _STRAY = (
 _LEVELS = {"allowed": logging.INFO, "closed": logging.DEBUG, "asked": logging.INFO, "answered": logging.INFO}
 
 
-Asker = Callable[[str, int, str], Awaitable[ApprovalDecision]]
-"""Decides a connection to an unlisted ``host``, ``port`` for an execution (policy, callback or event)."""
+Asker = Callable[[str, int, str, "int | None"], Awaitable[ApprovalDecision]]
+"""Decides a connection to an unlisted ``host``, ``port`` for an execution (policy, callback or event),
+given the line of the code action the kernel says made it (None: it said none; kernel code's word,
+see `_check_token`)."""
+# What may follow the token on the first line: the calling line, a decimal of at most 9 digits.
+_LINE = re.compile(rb"[1-9][0-9]{0,8}")
 
 
 @dataclass
@@ -191,7 +196,7 @@ class NetworkProxy:
             async with stream:
                 try:
                     with anyio.fail_after(self.network.connect_timeout):
-                        buffered = await self._check_token(stream)
+                        buffered, line = await self._check_token(stream)
                         target, rest = await read_head(stream, buffered)
                     execution = self._running()
                     if execution is None:
@@ -209,7 +214,7 @@ class NetworkProxy:
                     with anyio.CancelScope() as scope:
                         usage.scopes.add(scope)
                         try:
-                            await self._open_and_relay(stream, target, rest, execution, usage)
+                            await self._open_and_relay(stream, target, rest, execution, usage, line)
                         finally:
                             usage.scopes.discard(scope)
                 except Refused as refused:
@@ -233,23 +238,34 @@ class NetworkProxy:
         finally:
             self._open -= 1
 
-    async def _check_token(self, stream: anyio.abc.SocketStream) -> bytes:
+    async def _check_token(self, stream: anyio.abc.SocketStream) -> tuple[bytes, int | None]:
+        """The bytes after the first line, and the line of the code action the forwarder says opened
+        the connection (``token LINE``; ipybox_kernel._netproxy). The line is kernel code's word,
+        anything but a plain number is none; the host shows it only as a line of its own copy of
+        the running code (ipybox._engine._callsite)."""
         data = b""
         while b"\n" not in data:
             if len(data) > 256:
                 raise Refused(400, "the connection did not start with the forwarder's token")
             data += await stream.receive(256)
-        line, rest = data.split(b"\n", 1)
-        if not hmac.compare_digest(line.strip(), self._token):
+        first, rest = data.split(b"\n", 1)
+        token, _, said = first.strip().partition(b" ")
+        if not hmac.compare_digest(token, self._token):
             raise Refused(403, "wrong or missing token: connect through HTTP_PROXY, not to the proxy socket")
-        return rest
+        return rest, int(said) if _LINE.fullmatch(said) else None
 
     async def _open_and_relay(
-        self, stream: anyio.abc.SocketStream, target: Target, rest: bytes, execution: str, usage: _Usage
+        self,
+        stream: anyio.abc.SocketStream,
+        target: Target,
+        rest: bytes,
+        execution: str,
+        usage: _Usage,
+        line: int | None,
     ) -> None:
         # Not under the connect timeout: an asked destination waits for a person, as long as the
         # executor's approval timeout allows.
-        await self._decide(target, execution, usage)
+        await self._decide(target, execution, usage, line)
         with anyio.fail_after(self.network.connect_timeout):
             upstream, address = await self._connect(target)
         self._emit("allowed", target, execution, address=str(address))
@@ -263,7 +279,7 @@ class NetworkProxy:
             finally:
                 self._emit("closed", target, execution, address=str(address), moved=moved[0])
 
-    async def _decide(self, target: Target, execution: str, usage: _Usage) -> None:
+    async def _decide(self, target: Target, execution: str, usage: _Usage, line: int | None) -> None:
         host, port = target.host, target.port
         if self.network.listed(host, port) or (host, port) in self._remembered:
             return
@@ -282,7 +298,7 @@ class NetworkProxy:
                 f"{usage.rejected[host, port]}; it is asked again in the next code action",
             )
         self._emit("asked", target, execution)
-        decision = await self._ask(host, port, execution)
+        decision = await self._ask(host, port, execution, line)
         self._emit("answered", target, execution, reason=decision.reason or ("approved" if decision.approved else None))
         if not decision.approved:
             why = f": {decision.reason}" if decision.reason else ""

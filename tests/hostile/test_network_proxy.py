@@ -103,7 +103,7 @@ async def proxy(tmp_path: Path, web_port: int) -> AsyncGenerator[NetworkProxy]:
     """A proxy for a running code action that lists a name no test sends and the web server's
     address, and asks nothing."""
 
-    async def never(host: str, port: int, execution_id: str) -> ApprovalDecision:
+    async def never(host: str, port: int, execution_id: str, line: int | None) -> ApprovalDecision:
         raise AssertionError("nothing here may be asked")
 
     network = Network(allow=["listed.test", f"127.0.0.1:{web_port}"], connect_timeout=5)
@@ -365,7 +365,7 @@ async def test_a_host_name_outside_ascii_is_refused_before_anyone_is_asked_and_i
 ) -> None:
     asked: list[tuple[str, int]] = []
 
-    async def ask(host: str, port: int, execution_id: str) -> ApprovalDecision:
+    async def ask(host: str, port: int, execution_id: str, line: int | None) -> ApprovalDecision:
         asked.append((host, port))
         return ApprovalDecision(approved=False, reason="no")
 
@@ -416,3 +416,39 @@ async def test_a_destination_rejected_once_is_not_asked_again_in_the_same_code_a
     assert first.text == second.text
     assert first.text.startswith("ipybox: the application rejected the connection to rejected.test:80 earlier in")
     assert "not that one; it is asked again in the next code action" in first.text
+
+
+async def test_what_follows_the_token_is_a_calling_line_only_when_it_is_a_plain_number(tmp_path: Path) -> None:
+    # The forwarder's first line may carry the line of the code action that connected; kernel code
+    # can send anything there. Anything but 1 to 9 plain digits is no line, and the connection is
+    # still decided (the host then says the line is unknown); a wrong token is still refused.
+    lines: list[int | None] = []
+
+    async def ask(host: str, port: int, execution_id: str, line: int | None) -> ApprovalDecision:
+        lines.append(line)
+        return ApprovalDecision(approved=False, reason="no")
+
+    proxy = NetworkProxy(
+        Network(unlisted="ask"), socket_path=tmp_path / "p.sock", token=_TOKEN, running=lambda: "e1", ask=ask
+    )
+    firsts = [
+        f"{_TOKEN} 7",
+        f"{_TOKEN} 123456789",
+        f"{_TOKEN} 1234567890",  # 10 digits: past any code a person reads
+        f"{_TOKEN} 007",
+        f"{_TOKEN} -3",
+        f"{_TOKEN} 7\x1b[2J\u202e",
+        f"{_TOKEN} 7 8",
+        f"{_TOKEN}",
+        f"{_TOKEN}x 7",  # the token must still match exactly
+    ]
+    replies: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(proxy.run)
+        for first in firsts:
+            head = f"CONNECT web.test:{len(replies) + 1} HTTP/1.1\r\nHost: x\r\n\r\n"
+            replies.append(await exchange(proxy.socket_path, f"{first}\n{head}".encode()))
+        tg.cancel_scope.cancel()
+    assert [reply[:13] for reply in replies] == [b"HTTP/1.1 403 "] * len(firsts)
+    assert b"wrong or missing token" in replies[-1]
+    assert lines == [7, 123456789, None, None, None, None, None, None]

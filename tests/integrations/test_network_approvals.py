@@ -40,9 +40,11 @@ async def test_an_asked_connection_is_a_deferred_tool_call_that_the_framework_ap
         hosts={"yes.test": "127.0.0.1", "no.test": "127.0.0.1"},
     )
     seen: list[tuple[str, dict[str, Any]]] = []
+    payloads: list[dict[str, Any]] = []
 
     async def handler(ctx: RunContext[Any], requests: DeferredToolRequests) -> DeferredToolResults:
         seen.extend((call.tool_name, call.args_as_dict()) for call in requests.approvals)
+        payloads.extend(requests.metadata.values())
         return DeferredToolResults(
             approvals={
                 c.tool_call_id: ToolApproved() if c.args_as_dict()["host"] == "yes.test" else ToolDenied("not there")
@@ -68,6 +70,12 @@ async def test_an_asked_connection_is_a_deferred_tool_call_that_the_framework_ap
         ("ipybox__connect", {"host": "yes.test", "port": web.port}),
         ("ipybox__connect", {"host": "no.test", "port": web.port}),
     ]
+    # The line that opened each connection, as the host shows it, in the payload and its description.
+    line = f"print(urllib.request.urlopen(f'http://{{name}}:{web.port}/agent').read().decode())"
+    for payload in payloads:
+        assert payload["call_site"] == {"line": 4, "text": line, "module": None}
+        assert f"Made at: line 4 of the code action: {line}" in payload["description"]
+    assert len(payloads) == 2
     assert result.output.splitlines() == [
         f"hello /agent for yes.test:{web.port}",
         f"403 ipybox: the application rejected the connection to no.test:{web.port}: not there",

@@ -32,7 +32,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
 from tracing_support import provider_for
 
-from ipybox import CodeExecutor, Tracing
+from ipybox import ApprovalRules, CodeExecutor, Tracing
 from ipybox._engine._tracing import ACTION_SPAN
 from ipybox.integrations.langchain import IpyboxTool
 from ipybox.integrations.openai_agents import ipybox_tool
@@ -223,6 +223,17 @@ def agents_actions(recorder: Recorder) -> list[dict[str, Any]]:
     return [exported(s) for s in recorder.spans if exported(s)["span_data"].get("name") == ACTION_SPAN]
 
 
+async def run_one_code_action(executor: CodeExecutor, code: str) -> None:
+    """An agent run whose model asks for one code action, decided by the executor's policy."""
+    model = AgentsScriptedModel(
+        [[function_call("execute_code", {"code": code}, call_id="call_1")], [assistant_message("done")]]
+    )
+    agent = OpenAIAgent(name="coder", tools=[ipybox_tool(executor, approval=None)], model=model)
+    with anyio.fail_after(60):
+        result = await Runner.run(agent, "go")
+    assert result.final_output == "done"
+
+
 def function_spans(recorder: Recorder) -> list[dict[str, Any]]:
     return [exported(s) for s in recorder.spans if exported(s)["span_data"]["type"] == "function"]
 
@@ -230,13 +241,7 @@ def function_spans(recorder: Recorder) -> list[dict[str, Any]]:
 async def test_openai_agents_a_code_action_is_a_span_under_the_function_span_joined_by_its_execution_id(
     executor: CodeExecutor, exporter: InMemorySpanExporter, agents_spans: Recorder
 ) -> None:
-    model = AgentsScriptedModel(
-        [[function_call("execute_code", {"code": CODE}, call_id="call_1")], [assistant_message("done")]]
-    )
-    agent = OpenAIAgent(name="coder", tools=[ipybox_tool(executor, approval=None)], model=model)
-    with anyio.fail_after(60):
-        result = await Runner.run(agent, "go")
-    assert result.final_output == "done"
+    await run_one_code_action(executor, CODE)
     [function] = function_spans(agents_spans)
     [action] = agents_actions(agents_spans)
     assert action["parent_id"] == function["id"] and action["trace_id"] == function["trace_id"]
@@ -272,3 +277,61 @@ async def test_openai_agents_a_run_that_resumes_a_paused_code_action_has_a_span_
     # The end of the action is in the trace of the run that resumed it, under that run's function span.
     [resuming] = [span for span in function_spans(agents_spans) if span["span_data"]["output"] == "3\n"]
     assert steps[-1]["trace_id"] == resuming["trace_id"]
+    # The call the run was asked about: pending in the part that paused, decided in the part that resumed.
+    paused, decided = agents_tool_calls(agents_spans)
+    assert (
+        paused["parent_id"] == steps[0]["id"] and paused["span_data"]["data"]["ipybox.approval.decision"] == "pending"
+    )
+    assert decided["parent_id"] == steps[-1]["id"] and decided["trace_id"] == resuming["trace_id"]
+    assert decided["span_data"]["data"]["ipybox.approval.decision"] == "approved"
+    assert decided["span_data"]["data"]["gen_ai.tool.call.id"] == paused["span_data"]["data"]["gen_ai.tool.call.id"]
+
+
+def agents_tool_calls(recorder: Recorder) -> list[dict[str, Any]]:
+    return [
+        exported(s) for s in recorder.spans if str(exported(s)["span_data"].get("name", "")).startswith("execute_tool ")
+    ]
+
+
+CALLS = (
+    "from ipybox_kernel import ToolCallError, call_tool\n"
+    "for tool, args in [('add', {'a': 1, 'b': 2}), ('delete_item', {'item_id': 'secret-id'}),"
+    " ('fail', {'message': 'boom'})]:\n"
+    "    try:\n        call_tool('test', tool, args)\n    except ToolCallError as e:\n        print(type(e).__name__)"
+)
+
+
+@pytest.mark.parametrize(
+    "executor", [ApprovalRules(allow=["test.add", "test.fail"], deny=["test.delete_*"])], indirect=True
+)
+async def test_openai_agents_each_tool_call_is_a_span_under_the_code_actions_span(
+    executor: CodeExecutor, exporter: InMemorySpanExporter, agents_spans: Recorder
+) -> None:
+    await run_one_code_action(executor, CALLS)
+    [action] = agents_actions(agents_spans)
+    calls = agents_tool_calls(agents_spans)
+    assert [call["span_data"]["name"] for call in calls] == [
+        "execute_tool add",
+        "execute_tool delete_item",
+        "execute_tool fail",
+    ]
+    otel = {
+        dict(s.attributes or {})["gen_ai.tool.name"]: dict(s.attributes or {})
+        for s in exporter.get_finished_spans()
+        if s.name.startswith("execute_tool ")
+    }
+    for call in calls:
+        assert call["parent_id"] == action["id"] and call["trace_id"] == action["trace_id"]
+        data = call["span_data"]["data"]
+        # Joined to the OpenTelemetry span of the same call by its id.
+        assert data["gen_ai.tool.call.id"] == otel[data["gen_ai.tool.name"]]["gen_ai.tool.call.id"]
+        assert data["ipybox.mcp.server"] == "test" and data["ipybox.approval.decided_by"] == "policy"
+        assert data["ipybox.approval.wait"] >= 0
+    add, delete, fail = (call["span_data"]["data"] for call in calls)
+    assert (
+        add["ipybox.approval.decision"] == "approved" and "error.type" not in add and add["ipybox.tool.duration"] >= 0
+    )
+    assert delete["ipybox.approval.decision"] == "rejected" and delete["error.type"] == "rejected"
+    assert fail["ipybox.approval.decision"] == "approved" and fail["error.type"] == "tool_error"
+    assert "secret-id" not in str(calls) and "boom" not in str(calls)  # never arguments or results
+    assert action["span_data"]["data"]["ipybox.tool_calls"] == 3
