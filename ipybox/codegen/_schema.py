@@ -19,6 +19,10 @@ model never rejects or alters what the tool accepts (DESIGN.md §5):
   every branch merged (the generator made an object model of it, refusing arrays and scalars).
 - ``patternProperties`` become a loose ``additionalProperties``: a key that matches no declared name
   must satisfy one of the pattern schemas or the ``additionalProperties`` schema (keys are not checked).
+- What the root says about its keys that no field can (``min/maxProperties``, required names without a
+  property, ``dependentRequired``, ``false`` properties and patterns, ``propertyNames: false``,
+  ``additionalProperties: false`` next to ``patternProperties``) is returned as `KEYS_KEY` rules,
+  which the kernel's ``JsonObject`` checks on the keys sent.
 - A property that is not required and whose schema admits ``null`` is marked ``NULLABLE_KEY``, which
   the generator copies into the field; at call time ``None`` is sent as ``null`` only for those.
 """
@@ -31,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 # The marker of an optional property whose schema admits null; the kernel's runtime reads it.
-from ipybox_kernel._arguments import NULLABLE_KEY
+from ipybox_kernel._arguments import KEYS_KEY, NULLABLE_KEY
 
-__all__ = ("NULLABLE_KEY", "SchemaRejected", "clean_schema")
+__all__ = ("KEYS_KEY", "NULLABLE_KEY", "CleanSchema", "SchemaRejected", "clean_schema")
 
 
 # Real tool schemas are a few KiB; these bounds keep a hostile one from stalling generation.
@@ -114,6 +118,7 @@ def _sequence(value: Any) -> list[Any] | None:
 class _Cleaner:
     root: Mapping[str, Any]
     notes: list[str] = field(default_factory=list[str])
+    keys: dict[str, Any] = field(default_factory=dict[str, Any])
 
     @property
     def draft7(self) -> bool:
@@ -178,6 +183,8 @@ class _Cleaner:
         if self.draft7 and "$ref" in out:
             # Up to draft 7, keywords next to $ref are ignored.
             out = {k: v for k, v in out.items() if k in _REF_SIBLINGS}
+        elif where == "#":
+            out, self.keys = _key_rules(obj, out, draft7=self.draft7)
         return _loosen(out, obj, root=where == "#")
 
     def _regex(self, pattern: Any, where: str) -> bool:
@@ -403,6 +410,91 @@ def _single_all_of(out: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in out.items() if k != "allOf"}, **branch}
 
 
+def _names(value: Any) -> list[str] | None:
+    items = _sequence(value)
+    if items is None or not all(isinstance(item, str) for item in items):
+        return None
+    return list(dict.fromkeys(cast("list[str]", items)))
+
+
+def _count(value: Any) -> int | None:
+    # JSON Schema's non-negative integer; 2.0 counts as 2.
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != int(value):
+        return None
+    return int(value)
+
+
+def _required_only(branches: Any) -> list[list[str]] | None:
+    """The names of each branch of a composition whose branches say only ``required``, or None."""
+    items = _sequence(branches)
+    if not items:
+        return None
+    out: list[list[str]] = []
+    for branch in items:
+        node = _mapping(branch)
+        names = _names(node.get("required")) if node is not None else None
+        if node is None or names is None or set(node) - {"required", "description", "title", "$comment"}:
+            return None
+        out.append(names)
+    return out
+
+
+def _key_rules(
+    original: Mapping[str, Any], out: dict[str, Any], *, draft7: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The root's rules on its keys that generated fields cannot say (`KEYS_KEY`; the kernel's ``JsonObject``).
+
+    Each rule is exactly the keyword's meaning on the keys sent, so a call it refuses the server's
+    check refuses too. ``original`` is the raw root (for ``dependentRequired``, which the cleaned
+    schema does not keep), ``out`` its cleaned keywords before loosening. Returns ``out`` without
+    what became a rule and the generator would misread (an ``anyOf``/``oneOf``/``allOf`` of branches
+    of required names only: it made a model per branch and kept one), and the rules.
+    """
+    rules: dict[str, Any] = {}
+    out = dict(out)
+    for key in ("allOf", "anyOf", "oneOf"):
+        branches = _required_only(original.get(key)) if key in out else None
+        if branches is None:
+            continue
+        del out[key]
+        if key == "allOf":
+            out["required"] = list(
+                dict.fromkeys([*(_names(out.get("required")) or []), *(n for b in branches for n in b)])
+            )
+        else:
+            rules[key] = branches
+    for bound in ("minProperties", "maxProperties"):
+        count = _count(out.get(bound))
+        if count is not None:
+            rules[bound] = count
+    properties = _mapping(out.get("properties")) or {}
+    required = [name for name in _names(out.get("required")) or [] if name not in properties]
+    if required:
+        rules["required"] = required
+    dependent: dict[str, list[str]] = {}
+    for key in ("dependencies", "dependentRequired") if draft7 else ("dependentRequired",):
+        for name, needed in (_mapping(original.get(key)) or {}).items():
+            names = _names(needed)
+            if names:
+                dependent[name] = [*dependent.get(name, []), *(n for n in names if n not in dependent.get(name, []))]
+    if dependent:
+        rules["dependentRequired"] = dependent
+    absent = [name for name, sub in properties.items() if sub is False]
+    if absent:
+        rules["absent"] = absent
+    if out.get("propertyNames") is False:
+        rules["propertyNames"] = False
+    patterns = _mapping(out.get("patternProperties")) or {}
+    translated = {_python_pattern(p): sub for p, sub in patterns.items()}
+    if all(_compiles(p) for p in translated):
+        forbidden = [p for p, sub in translated.items() if sub is False]
+        if forbidden:
+            rules["forbidden"] = forbidden
+        if translated and out.get("additionalProperties") is False:
+            rules["closed"] = {"names": list(properties), "patterns": list(translated)}
+    return out, rules
+
+
 def _compiles(pattern: str) -> bool:
     try:
         re.compile(pattern)
@@ -522,11 +614,23 @@ def _check_size(schema: Any) -> None:
             raise SchemaRejected(f"more than {MAX_SCHEMA_TEXT} characters of text")
 
 
-def clean_schema(schema: Any) -> tuple[dict[str, Any], list[str]]:
-    """Copy an untrusted tool schema, keeping only what is safe to generate models from.
+@dataclass(frozen=True)
+class CleanSchema:
+    """What `clean_schema` makes of a tool schema.
 
-    Returns:
-        The cleaned schema, and notes on what was dropped (for the generation report).
+    Attributes:
+        schema: The cleaned schema, for the generator.
+        keys: The root's rules on its keys (`KEYS_KEY`), empty when it has none.
+        notes: What was dropped (for the generation report).
+    """
+
+    schema: dict[str, Any]
+    keys: dict[str, Any]
+    notes: list[str]
+
+
+def clean_schema(schema: Any) -> CleanSchema:
+    """Copy an untrusted tool schema, keeping only what is safe to generate models from.
 
     Raises:
         SchemaRejected: The schema is not a JSON object, or exceeds the size or depth bounds.
@@ -541,4 +645,4 @@ def clean_schema(schema: Any) -> tuple[dict[str, Any], list[str]]:
     second = _Cleaner(cleaned)
     result = second.schema(cleaned, "#")
     _mark_nullable(result, result)
-    return result, first.notes + second.notes
+    return CleanSchema(result, first.keys, first.notes + second.notes)
