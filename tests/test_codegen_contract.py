@@ -7,6 +7,7 @@ code meets most, and in-process for the JSON-Schema-Test-Suite's problem shapes.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 import warnings
@@ -32,6 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 FILESYSTEM_BIN = REPO / "node_modules" / ".bin" / "mcp-server-filesystem"
 
 pytestmark = pytest.mark.anyio
+# A 1x1 PNG.
+TINY_PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
 
 
 # ------------------------------------------------------------------------------------ real servers
@@ -112,6 +117,45 @@ print(json.dumps([isinstance(shot, str), [type(c).__name__ for c in shot.content
     is_str, kinds, mime, magic, listed = json.loads(result.text.strip().splitlines()[-1])
     assert is_str and "ImageContent" in kinds and "TextContent" in kinds
     assert mime == "image/png" and magic == "89504e47" and listed
+    assert [image.mime for image in result.images] == ["image/png"]
+
+
+async def test_server_everything_gets_none_as_not_given_and_a_misspelled_key_with_a_warning(
+    servers: tuple[Path, Path],
+) -> None:
+    root, _ = servers
+    code = """
+import json, warnings
+from mcptools.everything import echo, get_resource_reference
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    said = echo.run({"message": "hi", "mesage": "typo"})
+ref = get_resource_reference.run({"resourceType": None, "resourceId": None})
+print(json.dumps([said, [str(w.message) for w in caught], [type(c).__name__ for c in ref.content],
+                  get_resource_reference._arguments({"resourceType": None, "resourceId": None})]))
+"""
+    # zod answers null for an optional number with "expected number, received null".
+    said, warned, kinds, sent_none = json.loads((await execute(code, root)).text.strip().splitlines()[-1])
+    assert said == "Echo: hi"
+    assert any("'mesage' is not an argument the tool declares (did you mean 'message'?)" in w for w in warned)
+    assert "EmbeddedResource" in kinds and sent_none == {}
+
+
+async def test_server_filesystem_media_file_returns_its_image_and_displays_it(servers: tuple[Path, Path]) -> None:
+    root, notes = servers
+    png = notes.parent / "dot.png"
+    png.write_bytes(TINY_PNG)
+    code = f"""
+import json
+from mcptools.filesystem import read_media_file
+media = read_media_file.run({{"path": {str(png)!r}}})
+item = media.content[0]
+print(json.dumps([type(media).__name__, item.type, item.mimeType, item.data]))
+"""
+    result = await execute(code, root)
+    kind, item_type, mime, data = json.loads(result.text.strip().splitlines()[-1])
+    assert (kind, item_type, mime) == ("Result", "image", "image/png")
+    assert base64.b64decode(data) == TINY_PNG
     assert [image.mime for image in result.images] == ["image/png"]
 
 
