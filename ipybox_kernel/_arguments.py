@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import difflib
 import json
+import operator
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Annotated, Any, Self, cast, get_args
 
@@ -108,7 +109,12 @@ class JsonObject(BaseModel):
         extra: Any = type(self).model_config.get("json_schema_extra")
         rules: Any = cast("dict[str, Any]", extra).get(KEYS_KEY) if isinstance(extra, dict) else None
         if isinstance(rules, dict):
-            problem = _key_problem(_sent_keys(self), cast("dict[str, Any]", rules))
+            keys = _sent_keys(self)
+            values: dict[str, Any] = {}
+            if "values" in rules or "additional" in rules:
+                dumped = self.model_dump(mode="json", by_alias=True, exclude_unset=True, warnings=False)
+                values = {key: dumped[key] for key in keys if key in dumped}
+            problem = _key_problem(keys, cast("dict[str, Any]", rules), values)
             if problem is not None:
                 raise PydanticCustomError("object_keys", "{problem}", {"problem": problem})
         return self
@@ -145,8 +151,8 @@ def _sets(groups: list[list[str]]) -> str:
     return "; ".join(", ".join(map(repr, names)) or "(none)" for names in groups)
 
 
-def _key_problem(keys: list[str], rules: dict[str, Any]) -> str | None:
-    """What about ``keys`` breaks ``rules`` (see `JsonObject`), or None."""
+def _key_problem(keys: list[str], rules: dict[str, Any], values: Mapping[str, Any]) -> str | None:
+    """What about ``keys`` (sent with ``values``, as JSON data) breaks ``rules`` (see `JsonObject`), or None."""
     present = set(keys)
     low, high = rules.get("minProperties"), rules.get("maxProperties")
     if isinstance(low, int) and len(present) < low:
@@ -186,7 +192,89 @@ def _key_problem(keys: list[str], rules: dict[str, Any]) -> str | None:
                     f"{key!r} is not an argument the tool declares, nor matches one of its name patterns "
                     f"({_closest(key, list(names))})"
                 )
+    for pattern, schema in cast("dict[str, Any]", rules.get("values", {})).items():
+        for key, value in values.items():
+            if _matches(key, [pattern]) and not _fits(value, schema):
+                return f"argument {key!r} (its name matches {pattern!r}) does not fit {json.dumps(schema)}"
+    additional = rules.get("additional")
+    if isinstance(additional, dict):
+        spec = cast("dict[str, Any]", additional)
+        for key, value in values.items():
+            other = key not in spec.get("names", ()) and _matches(key, spec.get("patterns", ())) is False
+            if other and not _fits(value, spec.get("schema", {})):
+                return (
+                    f"argument {key!r}, which the tool does not declare, does not fit {json.dumps(spec.get('schema'))}"
+                )
     return None
+
+
+def _json_type(value: Any, kind: Any) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    match kind:
+        case "integer":
+            return number and (isinstance(value, int) or float(value).is_integer())
+        case "number":
+            return number
+        case "string":
+            return isinstance(value, str)
+        case "boolean":
+            return isinstance(value, bool)
+        case "null":
+            return value is None
+        case "array":
+            return isinstance(value, list)
+        case "object":
+            return isinstance(value, dict)
+        case _:
+            return False
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON's equality: 1 is 1.0, but true is not 1; arrays and objects member by member."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        left, right = cast("list[Any]", a), cast("list[Any]", b)
+        return len(left) == len(right) and all(map(_same_json, left, right))
+    if isinstance(a, dict) and isinstance(b, dict):
+        left_map, right_map = cast("dict[str, Any]", a), cast("dict[str, Any]", b)
+        return left_map.keys() == right_map.keys() and all(_same_json(v, right_map[k]) for k, v in left_map.items())
+    if isinstance(a, list | dict) or isinstance(b, list | dict):
+        return False
+    numbers = isinstance(a, int | float) and isinstance(b, int | float)
+    return (type(a) is type(b) or numbers) and a == b
+
+
+def _fits(value: Any, schema: Mapping[str, Any]) -> bool:
+    """Whether JSON ``value`` fits ``schema``, whose keywords code generation chose so that this reads
+    each exactly (``type``, ``enum``, ``const``, numeric bounds, lengths, item counts, ``pattern``)."""
+    kinds = schema.get("type")
+    if kinds is not None and not any(_json_type(value, k) for k in ([kinds] if isinstance(kinds, str) else kinds)):
+        return False
+    if "enum" in schema and not any(_same_json(value, member) for member in schema["enum"]):
+        return False
+    if "const" in schema and not _same_json(value, schema["const"]):
+        return False
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        bounds: list[tuple[str, Callable[[Any, Any], bool]]] = [
+            ("minimum", operator.ge),
+            ("maximum", operator.le),
+            ("exclusiveMinimum", operator.gt),
+            ("exclusiveMaximum", operator.lt),
+        ]
+        if not all(check(value, schema[name]) for name, check in bounds if name in schema):
+            return False
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", len(value)):
+            return False
+        pattern = schema.get("pattern")
+        if isinstance(pattern, str) and not _matches(value, [pattern]):
+            return False
+    if isinstance(value, list):
+        items = cast("list[Any]", value)
+        if len(items) < schema.get("minItems", 0) or len(items) > schema.get("maxItems", len(items)):
+            return False
+    return True
 
 
 class UndeclaredArgumentWarning(UserWarning):

@@ -456,6 +456,28 @@ def test_a_number_field_keeps_big_integers_exact_and_floats_floats(tmp_path: Pat
             [{"foo": 1, "quux": "boom"}],
             id="additionalProperties false next to properties and patterns",
         ),
+        pytest.param(
+            {"patternProperties": {"f.*o": {"type": "integer"}, "a*": {"maximum": 20, "description": "d"}}},
+            [{"foo": 1, "fooooo": 2.0}, {"bar": "x"}, {"a": 20}, {"faao": 3}],
+            [{"foo": "bar"}, {"fooooo": 2.5}, {"aaa": 21}, {"faao": 21}],
+            id="the values of keys a pattern names",
+        ),
+        pytest.param(
+            {
+                "properties": {"foo": {"type": "array", "maxItems": 3}, "bar": {"type": "array"}},
+                "patternProperties": {"f.o": {"minItems": 2}},
+                "additionalProperties": {"type": "integer"},
+            },
+            [{"foo": [1, 2]}, {"quux": 3}, {"fxo": "not an array"}, {"bar": []}],
+            [{"foo": []}, {"quux": "foo"}, {"fxo": [1]}],
+            id="properties, patterns and typed other keys",
+        ),
+        pytest.param(
+            {"patternProperties": {"^x": {"enum": [1, [1.0], {"a": False}], "const": 1}, "^y": {"unknown": 1}}},
+            [{"x": 1.0}, {"y": "anything"}],
+            [{"x": True}, {"x": [1]}, {"x": {"a": 0}}],
+            id="enum and const by JSON's equality; a pattern schema it cannot read is not used",
+        ),
     ],
 )
 def test_what_an_object_says_about_its_keys_is_checked_on_the_keys_sent(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import math
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping
@@ -491,7 +492,7 @@ def _literal(value: Any) -> ast.expr:
         )
     if isinstance(value, list):
         return ast.List(elts=[_literal(v) for v in cast("list[Any]", value)], ctx=ast.Load())
-    if value is None or isinstance(value, str | int | bool):
+    if value is None or isinstance(value, str | int | bool) or (isinstance(value, float) and math.isfinite(value)):
         return ast.Constant(value=value)
     raise TypeError(f"not a key rule value: {type(value).__name__}")
 

@@ -29,6 +29,7 @@ model never rejects or alters what the tool accepts (DESIGN.md §5):
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -492,7 +493,89 @@ def _key_rules(
             rules["forbidden"] = forbidden
         if translated and out.get("additionalProperties") is False:
             rules["closed"] = {"names": list(properties), "patterns": list(translated)}
+        raw = _mapping(original.get("patternProperties")) or {}
+        values = {_python_pattern(p): _value_check(sub) for p, sub in raw.items()}
+        checked = {p: sub for p, sub in values.items() if isinstance(sub, dict) and sub}
+        if checked:
+            rules["values"] = checked
+        extra = _value_check(original.get("additionalProperties"))
+        if translated and isinstance(extra, dict) and extra:
+            rules["additional"] = {"names": list(properties), "patterns": list(translated), "schema": extra}
     return out, rules
+
+
+# Keywords the kernel's value check (``ipybox_kernel._arguments._fits``) reads exactly, and those it may
+# pass over because they only annotate (format included: an annotation here).
+_VALUE_CHECKS = frozenset(
+    {
+        "const",
+        "enum",
+        "exclusiveMaximum",
+        "exclusiveMinimum",
+        "maxItems",
+        "maxLength",
+        "maximum",
+        "minItems",
+        "minLength",
+        "minimum",
+        "pattern",
+        "type",
+    }
+)
+_VALUE_ANNOTATIONS = frozenset(
+    {"$comment", "default", "deprecated", "description", "examples", "format", "readOnly", "title", "writeOnly"}
+)
+_JSON_TYPES = frozenset({"array", "boolean", "integer", "null", "number", "object", "string"})
+
+
+def _plain_json(value: Any, depth: int = 0) -> bool:
+    """JSON data the generated module can hold as a literal (finite numbers, string keys)."""
+    if depth > MAX_SCHEMA_DEPTH:
+        return False
+    if value is None or isinstance(value, str | bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    items, entries = _sequence(value), _mapping(value)
+    if items is not None:
+        return all(_plain_json(v, depth + 1) for v in items)
+    return entries is not None and all(_plain_json(v, depth + 1) for v in entries.values())
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _value_check(schema: Any) -> dict[str, Any] | None:
+    """``schema``'s keywords for the kernel's value check, if it reads every one of them exactly, else None.
+
+    ``{}`` means any value; ``false`` is not a value check (`_key_rules` says it as ``forbidden``).
+    """
+    if schema is True:
+        return {}
+    node = _mapping(schema)
+    if node is None or set(node) - _VALUE_CHECKS - _VALUE_ANNOTATIONS:
+        return None
+    out = {k: v for k, v in node.items() if k in _VALUE_CHECKS}
+    if not _plain_json(out):
+        return None
+    kinds = out.get("type")
+    kind_list = [kinds] if isinstance(kinds, str) else _sequence(kinds)
+    if kinds is not None and (kind_list is None or not all(k in _JSON_TYPES for k in kind_list)):
+        return None
+    if "enum" in out and _sequence(out["enum"]) is None:
+        return None
+    bounds = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+    if any(k in out and not _number(out[k]) for k in bounds):
+        return None
+    if any(k in out and _count(out[k]) is None for k in ("minLength", "maxLength", "minItems", "maxItems")):
+        return None
+    if "pattern" in out:
+        pattern = _python_pattern(out["pattern"])
+        if not isinstance(pattern, str) or not _compiles(pattern):
+            return None
+        out["pattern"] = pattern
+    return out
 
 
 def _compiles(pattern: str) -> bool:
