@@ -468,8 +468,8 @@ def test_a_number_field_keeps_big_integers_exact_and_floats_floats(tmp_path: Pat
                 "patternProperties": {"f.o": {"minItems": 2}},
                 "additionalProperties": {"type": "integer"},
             },
-            [{"foo": [1, 2]}, {"quux": 3}, {"fxo": "not an array"}, {"bar": []}],
-            [{"foo": []}, {"quux": "foo"}, {"fxo": [1]}],
+            [{"foo": [1, 2]}, {"quux": 3}, {"fxo": "not an array"}, {"bar": list[int]()}],
+            [{"foo": list[int]()}, {"quux": "foo"}, {"fxo": [1]}],
             id="properties, patterns and typed other keys",
         ),
         pytest.param(
