@@ -573,6 +573,7 @@ def generate_tool_models(
 
     classes: list[str] = []
     strict: set[str] = set()
+    used: set[str] = set()
     for side, parsed, mapping in parts:
         renamer = _Renamer(mapping, parsed.forward_refs)
         for stmt in parsed.body:
@@ -582,7 +583,13 @@ def generate_tool_models(
                 _configure_model(stmt, imports)
                 if side == "Params" and keys and stmt.name == "Params" and _check_keys(stmt, keys, imports):
                     strict.add("JsonObject")
+            used.update(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name))
             classes.append(_typed_extras_note(ast.unparse(stmt)))
+    if "JsonObject" in strict:
+        # The root's base was the generator's BaseModel; where nothing else uses it, its import goes too.
+        for name, origin in list(imports.items()):
+            if origin == ("pydantic", "BaseModel") and name not in used and name not in extra_imports:
+                del imports[name]
     for name in sorted(strict):
         if name == "Annotated":
             imports.setdefault(name, ("typing", name))
