@@ -1,7 +1,8 @@
 """Schema fidelity: generated ``Params`` against the JSON-Schema-Test-Suite, side by side with the peer.
 
     uv run --frozen python bench/schema_fidelity.py            # both drafts; about 2 minutes on 2 cores
-    uv run --frozen python bench/schema_fidelity.py --json out.json --list-rejects
+    uv run --frozen python bench/schema_fidelity.py --json out.json --list-rejects --list-accepts
+    uv run --frozen python bench/schema_fidelity.py --modes direct   # one set only (wrapped, direct, formats)
 
 The suite is not in this repository: it is read at run time from the ``jsonschema`` sdist on PyPI
 (``json/tests/`` in the archive), downloaded once with ``pip download --no-deps --no-binary :all:``
@@ -315,11 +316,13 @@ class Score:
     valid: int = 0
     altered: int = 0
     rejects: list[str] = field(default_factory=list[str])
+    accepts: list[str] = field(default_factory=list[str])
 
     def add(self, other: Score) -> None:
         for name in ("groups", "generated", "instances", "agree", "false_rejects", "false_accepts", "valid", "altered"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.rejects.extend(other.rejects)
+        self.accepts.extend(other.accepts)
 
     def row(self) -> dict[str, Any]:
         def pct(n: int, d: int) -> float | None:
@@ -363,6 +366,7 @@ def score(group: Group, expected: list[bool], send: Any | None) -> Score:
             result.rejects.append(f"{group.label}: {canonical(data)[:120]}")
         else:
             result.false_accepts += 1
+            result.accepts.append(f"{group.label}: {canonical(data)[:120]}")
         if valid and accepted and canonical(sent) != canonical(data):
             result.altered += 1
             result.rejects.append(f"{group.label}: altered {canonical(data)[:80]} -> {canonical(sent)[:80]}")
@@ -469,13 +473,24 @@ def main() -> None:
     parser.add_argument(
         "--list-rejects", action="store_true", help="print every false reject and altered value of both sides"
     )
+    parser.add_argument(
+        "--list-accepts", action="store_true", help="print every false accept of both sides (invalid instances sent)"
+    )
+    parser.add_argument(
+        "--modes",
+        default="wrapped,direct,formats",
+        help="comma-separated sets to run (wrapped, direct, formats); all by default",
+    )
     args = parser.parse_args()
+    modes = set(args.modes.split(","))
 
     started = time.perf_counter()
     archive = suite_archive(args.cache, args.sdist)
     all_groups, skipped = groups(archive)
     labelled: list[tuple[Group, list[bool]]] = []
     for group in all_groups:
+        if group.mode not in modes:
+            continue
         expected = oracle(group)
         if expected is None:
             skipped[group.label] = 1
@@ -507,13 +522,16 @@ def main() -> None:
         f"\nskipped: {len(skipped)} groups (remote refs, $id/anchors/dynamic refs, or the oracle cannot compile them)"
     )
     print(f"{time.perf_counter() - started:.0f} s")
-    if args.list_rejects:
-        for name, sides in rows.items():
+    for wanted, title, attribute in (
+        (args.list_rejects, "false rejects", "rejects"),
+        (args.list_accepts, "false accepts", "accepts"),
+    ):
+        for name, sides in rows.items() if wanted else ():
             if "MCP" in name:
                 continue
             for side, s in sides.items():
-                print(f"\n## false rejects, {side}, {name}")
-                print("\n".join(s.rejects))
+                print(f"\n## {title}, {side}, {name}")
+                print("\n".join(cast("list[str]", getattr(s, attribute))))
     if args.json:
         args.json.write_text(
             json.dumps({n: {s: v.row() for s, v in sides.items()} for n, sides in rows.items()}, indent=1)

@@ -60,6 +60,7 @@ from ._errors import (
 if TYPE_CHECKING:
     from ._arguments import JsonEqual as JsonEqual
     from ._arguments import JsonInt as JsonInt
+    from ._arguments import JsonObject as JsonObject
     from ._arguments import UndeclaredArgumentWarning as UndeclaredArgumentWarning
     from ._arguments import tool_arguments as tool_arguments
     from ._content import AudioContent as AudioContent
@@ -83,6 +84,7 @@ __all__ = (
     "ImageContent",
     "JsonEqual",
     "JsonInt",
+    "JsonObject",
     "MCPServerCrashed",
     "MCPServerStartError",
     "OtherContent",
@@ -120,6 +122,7 @@ _LAZY = {
     "ToolText": "._content",
     "JsonEqual": "._arguments",
     "JsonInt": "._arguments",
+    "JsonObject": "._arguments",
     "UndeclaredArgumentWarning": "._arguments",
     "tool_arguments": "._arguments",
     "ToolMatch": "._search",

@@ -8,6 +8,10 @@ The contract (DESIGN.md §5): what the tool accepts is never rejected, and it is
 - Numbers as JSON Schema counts them: an ``integer`` field takes ``1.0`` and sends ``1`` (`JsonInt`);
   an ``enum``/``const`` of numbers or booleans takes the values JSON counts equal to a member
   (``0.0`` for ``0``, never ``false`` for ``0``) and sends the value as given (`JsonEqual`).
+- What JSON Schema says about an object's keys beyond its fields (``min/maxProperties``, required
+  names without a property, ``dependentRequired``, a ``false`` property or pattern, ``propertyNames:
+  false``, ``additionalProperties: false`` next to ``patternProperties``): checked on the keys that
+  are sent, by `JsonObject` from the rules code generation writes under `KEYS_KEY`.
 - Keys the schema does not declare: refused with the closest declared key named when the schema
   forbids them (``additionalProperties: false``); otherwise sent as given, with a warning naming the
   closest declared key, since an undeclared key is most often a typo that the server would ignore.
@@ -20,32 +24,54 @@ from __future__ import annotations
 
 import difflib
 import json
+import operator
+import re
 import warnings
-from collections.abc import Mapping
-from typing import Annotated, Any, cast, get_args
+from collections.abc import Callable, Mapping, Sequence
+from functools import cache
+from typing import Annotated, Any, Self, cast, get_args
 
-from pydantic import BaseModel, BeforeValidator, RootModel, StrictInt, ValidationError, WrapValidator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    RootModel,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    WrapValidator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
-__all__ = ("NULLABLE_KEY", "JsonEqual", "JsonInt", "UndeclaredArgumentWarning", "tool_arguments")
+__all__ = (
+    "KEYS_KEY",
+    "NULLABLE_KEY",
+    "JsonEqual",
+    "JsonInt",
+    "JsonObject",
+    "UndeclaredArgumentWarning",
+    "tool_arguments",
+)
 
 NULLABLE_KEY = "x-ipybox-nullable"
 """``json_schema_extra`` key of fields whose schema admits null, though they are optional."""
 
+KEYS_KEY = "x-ipybox-keys"
+"""``json_schema_extra`` key (in a `JsonObject`'s ``model_config``) of the rules on its keys."""
+
 _EXTRA_FIELD = "__pydantic_extra__"
 
 
-def _integral(value: Any) -> Any:
-    # JSON Schema counts 1.0 an integer; the tool declared an integer, so it is sent one (a server
-    # that parses into an int type may refuse 1.0). Booleans stay refused by StrictInt.
-    if type(value) is float and value.is_integer():
-        return int(value)
+def _integral(value: int | float) -> int | float:
+    # JSON Schema counts 1.0 an integer; it is sent as given (1.0), like every other value.
+    if isinstance(value, float) and not value.is_integer():
+        raise PydanticCustomError("int_from_float", "Input should be an integer (no fractional part)")
     return value
 
 
-JsonInt = Annotated[StrictInt, BeforeValidator(_integral)]
-"""JSON Schema's ``integer``: an int, or a float without a fraction (sent as the int); never "5" or True."""
+JsonInt = Annotated[StrictInt | StrictFloat, AfterValidator(_integral)]
+"""JSON Schema's ``integer``: an int, or a float without a fraction, sent as given; never "5" or True."""
 
 
 def _json_equal(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
@@ -63,6 +89,192 @@ def _json_equal(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
 
 JsonEqual = WrapValidator(_json_equal)
 """Metadata for a ``Literal`` of numbers or booleans: JSON's equality, and the value sent as given."""
+
+
+class JsonObject(BaseModel):
+    """A generated model with rules on its keys that its fields cannot say, checked on the keys sent.
+
+    The rules (``model_config["json_schema_extra"][KEYS_KEY]``, written by code generation) are JSON
+    Schema's own, so a check agrees with the server's: ``minProperties``/``maxProperties`` (int),
+    ``required`` (names without a property), ``anyOf``/``oneOf`` (lists of names: all of one list,
+    or of exactly one, must be given), ``dependentRequired`` (name -> names), ``absent``
+    (names whose schema is ``false``), ``propertyNames`` (``false``: no key at all), ``forbidden``
+    (patterns whose schema is ``false``) and ``closed`` (``{"names": [...], "patterns": [...]}``:
+    ``additionalProperties: false`` next to ``patternProperties``; every other key must match one).
+    Patterns are searched (unanchored) as JSON Schema does.
+    """
+
+    @model_validator(mode="after")
+    def _ipybox_check_keys(self) -> Self:
+        extra: Any = type(self).model_config.get("json_schema_extra")
+        rules: Any = cast("dict[str, Any]", extra).get(KEYS_KEY) if isinstance(extra, dict) else None
+        if isinstance(rules, dict):
+            keys = _sent_keys(self)
+            values: dict[str, Any] = {}
+            if "values" in rules or "additional" in rules:
+                dumped = self.model_dump(mode="json", by_alias=True, exclude_unset=True, warnings=False)
+                values = {key: dumped[key] for key in keys if key in dumped}
+            problem = _key_problem(keys, cast("dict[str, Any]", rules), values)
+            if problem is not None:
+                raise PydanticCustomError("object_keys", "{problem}", {"problem": problem})
+        return self
+
+
+def _sent_keys(value: BaseModel) -> list[str]:
+    """The keys `tool_arguments` sends for ``value``: what the caller set, by alias, and extra keys."""
+    cls = type(value)
+    keys = [
+        cls.model_fields[name].alias or name
+        for name in value.model_fields_set
+        if name in cls.model_fields and (getattr(value, name) is not None or _nullable(cls, name))
+    ]
+    return [*keys, *(value.__pydantic_extra__ or {})]
+
+
+@cache
+def _pattern(pattern: str) -> re.Pattern[str] | None:
+    try:
+        return re.compile(pattern)
+    except (re.error, OverflowError, RecursionError):
+        return None
+
+
+def _matches(key: str, patterns: Sequence[Any]) -> bool | None:
+    """Whether ``key`` matches one of ``patterns``; None when one cannot be used (no certain answer)."""
+    compiled = [_pattern(p) if isinstance(p, str) else None for p in patterns]
+    if any(c is None for c in compiled):
+        return None
+    return any(c.search(key) for c in compiled if c is not None)
+
+
+def _sets(groups: list[list[str]]) -> str:
+    return "; ".join(", ".join(map(repr, names)) or "(none)" for names in groups)
+
+
+def _key_problem(keys: list[str], rules: dict[str, Any], values: Mapping[str, Any]) -> str | None:
+    """What about ``keys`` (sent with ``values``, as JSON data) breaks ``rules`` (see `JsonObject`), or None."""
+    present = set(keys)
+    low, high = rules.get("minProperties"), rules.get("maxProperties")
+    if isinstance(low, int) and len(present) < low:
+        return f"at least {low} argument(s) must be given; {len(present)} given"
+    if isinstance(high, int) and len(present) > high:
+        return f"at most {high} argument(s) may be given; {len(present)} given"
+    missing = [name for name in rules.get("required", ()) if name not in present]
+    if missing:
+        return f"required argument(s) missing: {', '.join(map(repr, missing))}"
+    groups: list[list[str]] = rules.get("anyOf", [])
+    if groups and not any(all(n in present for n in names) for names in groups):
+        return f"one of these sets of arguments must be given: {_sets(groups)}"
+    groups = rules.get("oneOf", [])
+    if groups and sum(all(n in present for n in names) for names in groups) != 1:
+        return f"exactly one of these sets of arguments must be given: {_sets(groups)}"
+    for name, needed in cast("dict[str, Any]", rules.get("dependentRequired", {})).items():
+        lacking = [n for n in needed if n not in present] if name in present else []
+        if lacking:
+            return f"with {name!r} given, {', '.join(map(repr, lacking))} must be given too"
+    refused = [name for name in rules.get("absent", ()) if name in present]
+    if refused:
+        return f"argument(s) {', '.join(map(repr, refused))} may not be given (the schema allows no value)"
+    if rules.get("propertyNames") is False and present:
+        return "the tool takes no arguments"
+    for key in keys:
+        if _matches(key, rules.get("forbidden", ())):
+            return f"argument {key!r} may not be given (the schema allows no value for its name)"
+    closed = rules.get("closed")
+    if isinstance(closed, dict):
+        names, patterns = (
+            cast("dict[str, Any]", closed).get("names", ()),
+            cast("dict[str, Any]", closed).get("patterns", ()),
+        )
+        for key in keys:
+            if key not in names and _matches(key, patterns) is False:
+                return (
+                    f"{key!r} is not an argument the tool declares, nor matches one of its name patterns "
+                    f"({_closest(key, list(names))})"
+                )
+    for pattern, schema in cast("dict[str, Any]", rules.get("values", {})).items():
+        for key, value in values.items():
+            if _matches(key, [pattern]) and not _fits(value, schema):
+                return f"argument {key!r} (its name matches {pattern!r}) does not fit {json.dumps(schema)}"
+    additional = rules.get("additional")
+    if isinstance(additional, dict):
+        spec = cast("dict[str, Any]", additional)
+        for key, value in values.items():
+            other = key not in spec.get("names", ()) and _matches(key, spec.get("patterns", ())) is False
+            if other and not _fits(value, spec.get("schema", {})):
+                return (
+                    f"argument {key!r}, which the tool does not declare, does not fit {json.dumps(spec.get('schema'))}"
+                )
+    return None
+
+
+def _json_type(value: Any, kind: Any) -> bool:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    match kind:
+        case "integer":
+            return number and (isinstance(value, int) or float(value).is_integer())
+        case "number":
+            return number
+        case "string":
+            return isinstance(value, str)
+        case "boolean":
+            return isinstance(value, bool)
+        case "null":
+            return value is None
+        case "array":
+            return isinstance(value, list)
+        case "object":
+            return isinstance(value, dict)
+        case _:
+            return False
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """JSON's equality: 1 is 1.0, but true is not 1; arrays and objects member by member."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        left, right = cast("list[Any]", a), cast("list[Any]", b)
+        return len(left) == len(right) and all(map(_same_json, left, right))
+    if isinstance(a, dict) and isinstance(b, dict):
+        left_map, right_map = cast("dict[str, Any]", a), cast("dict[str, Any]", b)
+        return left_map.keys() == right_map.keys() and all(_same_json(v, right_map[k]) for k, v in left_map.items())
+    if isinstance(a, list | dict) or isinstance(b, list | dict):
+        return False
+    numbers = isinstance(a, int | float) and isinstance(b, int | float)
+    return (type(a) is type(b) or numbers) and a == b
+
+
+def _fits(value: Any, schema: Mapping[str, Any]) -> bool:
+    """Whether JSON ``value`` fits ``schema``, whose keywords code generation chose so that this reads
+    each exactly (``type``, ``enum``, ``const``, numeric bounds, lengths, item counts, ``pattern``)."""
+    kinds = schema.get("type")
+    if kinds is not None and not any(_json_type(value, k) for k in ([kinds] if isinstance(kinds, str) else kinds)):
+        return False
+    if "enum" in schema and not any(_same_json(value, member) for member in schema["enum"]):
+        return False
+    if "const" in schema and not _same_json(value, schema["const"]):
+        return False
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        bounds: list[tuple[str, Callable[[Any, Any], bool]]] = [
+            ("minimum", operator.ge),
+            ("maximum", operator.le),
+            ("exclusiveMinimum", operator.gt),
+            ("exclusiveMaximum", operator.lt),
+        ]
+        if not all(check(value, schema[name]) for name, check in bounds if name in schema):
+            return False
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", len(value)):
+            return False
+        pattern = schema.get("pattern")
+        if isinstance(pattern, str) and not _matches(value, [pattern]):
+            return False
+    if isinstance(value, list):
+        items = cast("list[Any]", value)
+        if len(items) < schema.get("minItems", 0) or len(items) > schema.get("maxItems", len(items)):
+            return False
+    return True
 
 
 class UndeclaredArgumentWarning(UserWarning):

@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import itertools
 import json
+import math
 import os
 import socket
 import threading
@@ -273,6 +274,14 @@ def round_trip(
     try:
         line = _ENCODER.encode(request).encode() + b"\n"
     except (TypeError, ValueError) as exc:
+        where = _non_finite(arguments)
+        if where is not None:
+            raise ToolCallError(
+                server_name,
+                tool_name,
+                f"{where[0]} for tool {tool_name!r} is {where[1]}: JSON has no NaN or Infinity, so the "
+                "call cannot carry it (nothing was sent)",
+            ) from None
         raise ToolCallError(
             server_name, tool_name, f"the arguments for tool {tool_name!r} are not JSON-serializable: {exc}"
         ) from None
@@ -287,6 +296,26 @@ def round_trip(
         return _remote_round_trip(server_name, tool_name, line, abort)
     assert path is not None
     return _socket_round_trip(server_name, tool_name, path, line, abort)
+
+
+def _non_finite(arguments: dict[str, Any]) -> tuple[str, str] | None:
+    """Where in ``arguments`` the first NaN or infinite float is (``a.b[2]``) and what it is, or None."""
+    stack: list[tuple[str, Any]] = [(f"arguments[{k!r}]", v) for k, v in reversed(arguments.items())]
+    seen: set[int] = set()  # a container that holds itself is the encoder's "circular reference"
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return where, repr(value)
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, dict):
+            entries: dict[Any, Any] = value  # pyright: ignore[reportUnknownVariableType]
+            stack.extend((f"{where}[{k!r}]", v) for k, v in reversed(entries.items()))
+        elif isinstance(value, list | tuple):
+            items: list[Any] | tuple[Any, ...] = value  # pyright: ignore[reportUnknownVariableType]
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(items))))
+    return None
 
 
 def _socket_round_trip(server_name: str, tool_name: str, path: str, line: bytes, abort: Abort | None) -> bytes:

@@ -7,6 +7,7 @@ code meets most, and in-process for the JSON-Schema-Test-Suite's problem shapes.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 import warnings
@@ -32,6 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 FILESYSTEM_BIN = REPO / "node_modules" / ".bin" / "mcp-server-filesystem"
 
 pytestmark = pytest.mark.anyio
+# A 1x1 PNG.
+TINY_PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
 
 
 # ------------------------------------------------------------------------------------ real servers
@@ -112,6 +117,45 @@ print(json.dumps([isinstance(shot, str), [type(c).__name__ for c in shot.content
     is_str, kinds, mime, magic, listed = json.loads(result.text.strip().splitlines()[-1])
     assert is_str and "ImageContent" in kinds and "TextContent" in kinds
     assert mime == "image/png" and magic == "89504e47" and listed
+    assert [image.mime for image in result.images] == ["image/png"]
+
+
+async def test_server_everything_gets_none_as_not_given_and_a_misspelled_key_with_a_warning(
+    servers: tuple[Path, Path],
+) -> None:
+    root, _ = servers
+    code = """
+import json, warnings
+from mcptools.everything import echo, get_resource_reference
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    said = echo.run({"message": "hi", "mesage": "typo"})
+ref = get_resource_reference.run({"resourceType": None, "resourceId": None})
+print(json.dumps([said, [str(w.message) for w in caught], [type(c).__name__ for c in ref.content],
+                  get_resource_reference._arguments({"resourceType": None, "resourceId": None})]))
+"""
+    # zod answers null for an optional number with "expected number, received null".
+    said, warned, kinds, sent_none = json.loads((await execute(code, root)).text.strip().splitlines()[-1])
+    assert said == "Echo: hi"
+    assert any("'mesage' is not an argument the tool declares (did you mean 'message'?)" in w for w in warned)
+    assert "EmbeddedResource" in kinds and sent_none == {}
+
+
+async def test_server_filesystem_media_file_returns_its_image_and_displays_it(servers: tuple[Path, Path]) -> None:
+    root, notes = servers
+    png = notes.parent / "dot.png"
+    png.write_bytes(TINY_PNG)
+    code = f"""
+import json
+from mcptools.filesystem import read_media_file
+media = read_media_file.run({{"path": {str(png)!r}}})
+item = media.content[0]
+print(json.dumps([type(media).__name__, item.type, item.mimeType, item.data]))
+"""
+    result = await execute(code, root)
+    kind, item_type, mime, data = json.loads(result.text.strip().splitlines()[-1])
+    assert (kind, item_type, mime) == ("Result", "image", "image/png")
+    assert base64.b64decode(data) == TINY_PNG
     assert [image.mime for image in result.images] == ["image/png"]
 
 
@@ -333,13 +377,132 @@ def test_numbers_are_not_coerced_from_strings_or_booleans(tmp_path: Path) -> Non
             module._arguments(bad)
 
 
-def test_an_integer_field_takes_a_float_without_fraction_and_sends_the_integer(tmp_path: Path) -> None:
+def test_an_integer_field_takes_a_float_without_fraction_and_sends_it_as_given(tmp_path: Path) -> None:
     # JSON Schema counts 1.0 an integer (suite: type.json, "a float with zero fractional part").
     module = tool_module(tmp_path, wrapped({"type": "array", "items": {"type": "integer", "minimum": 1}}))
-    assert json.dumps(sent(module, {"x": [1.0, 2, 2.0**60]})) == json.dumps({"x": [1, 2, 2**60]})
-    for bad in ([1.5], [0.0], [True], ["1"]):
+    given = {"x": [1.0, 2, 2.0**60, 2**60 + 1, 2**64 + 1]}
+    assert json.dumps(sent(module, given)) == json.dumps(given)
+    assert json.dumps(module.Params(**given).model_dump(mode="json")) == json.dumps(given)
+    for bad in ([1.5], [0.0], [True], ["1"], [float("inf")], [float("nan")]):
         with pytest.raises(ValidationError):
             module._arguments({"x": bad})
+
+
+def test_a_number_field_keeps_big_integers_exact_and_floats_floats(tmp_path: Path) -> None:
+    module = tool_module(tmp_path, wrapped({"type": "number", "maximum": 2**70}))
+    for value in (2**53 + 1, 2**64 + 1, 1.0, 9007199254740993.0, -0.0, 1e20):
+        assert json.dumps(sent(module, {"x": value})) == json.dumps({"x": value})
+
+
+@pytest.mark.parametrize(
+    ("schema", "good", "bad"),
+    [
+        pytest.param(
+            {"properties": {"a": {}, "b": {"type": "integer"}}, "minProperties": 1, "maxProperties": 2},
+            [{"a": 1}, {"a": 1, "b": None}, {"a": 1, "c": 3}],
+            [{}, {"b": None}, {"a": 1, "b": 2, "c": 3}],
+            id="min/maxProperties count the keys sent",
+        ),
+        pytest.param(
+            {"properties": {"a": {}}, "required": ["__proto__", "foo\nbar"]},
+            [{"__proto__": 1, "foo\nbar": 2}],
+            [{}, {"__proto__": 1}, {"a": 1, "foo\nbar": 2}],
+            id="required names without a property",
+        ),
+        pytest.param(
+            {
+                "properties": {"foo": {"type": "integer"}, "bar": {}, "baz": {}},
+                "required": ["foo"],
+                "oneOf": [{"required": ["bar"]}, {"required": ["baz"]}],
+            },
+            [{"foo": 1, "bar": 2}, {"foo": 1, "baz": 2}],
+            [{"bar": 2}, {"foo": 1}],
+            id="required next to a oneOf of required names",
+        ),
+        pytest.param(
+            {"properties": {"class": {"type": "integer"}}, "oneOf": [{"required": ["class"]}, {"required": ["x"]}]},
+            [{"class": 1}, {"class_": 1}, {"x": 1}],
+            [],
+            id="a oneOf of required names that a field's Python name satisfies",
+        ),
+        pytest.param(
+            {"dependentRequired": {"bar": ["foo"], "quux": ["foo", "bar"]}},
+            [{}, {"foo": 1}, {"foo": 1, "bar": 2}, {"foo": 1, "bar": 2, "quux": 3}],
+            [{"bar": 2}, {"foo": 1, "quux": 2}],
+            id="dependentRequired",
+        ),
+        pytest.param(
+            {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"bar": ["foo"], "x": {}}},
+            [{"foo": 1, "bar": 2}, {"x": 1}],
+            [{"bar": 2}],
+            id="draft-7 dependencies as names",
+        ),
+        pytest.param(
+            {"properties": {"foo": True, "bar": False}},
+            [{}, {"foo": 1}, {"bar": None}],
+            [{"bar": 2}, {"foo": 1, "bar": 2}],
+            id="a false property",
+        ),
+        pytest.param(
+            {"patternProperties": {"f.*": True, "b.*": False}},
+            [{"foo": 1}, {}],
+            [{"bar": 2}, {"foobar": 1}],
+            id="a false pattern",
+        ),
+        pytest.param({"propertyNames": False}, [dict[str, Any]()], [{"foo": 1}], id="propertyNames false"),
+        pytest.param(
+            {"properties": {"foo": {}, "bar": {}}, "patternProperties": {"^v": {}}, "additionalProperties": False},
+            [{"foo": 1, "vroom": 2}, {"bar": 1}],
+            [{"foo": 1, "quux": "boom"}],
+            id="additionalProperties false next to properties and patterns",
+        ),
+        pytest.param(
+            {"patternProperties": {"f.*o": {"type": "integer"}, "a*": {"maximum": 20, "description": "d"}}},
+            [{"foo": 1, "fooooo": 2.0}, {"bar": "x"}, {"a": 20}, {"faao": 3}],
+            [{"foo": "bar"}, {"fooooo": 2.5}, {"aaa": 21}, {"faao": 21}],
+            id="the values of keys a pattern names",
+        ),
+        pytest.param(
+            {
+                "properties": {"foo": {"type": "array", "maxItems": 3}, "bar": {"type": "array"}},
+                "patternProperties": {"f.o": {"minItems": 2}},
+                "additionalProperties": {"type": "integer"},
+            },
+            [{"foo": [1, 2]}, {"quux": 3}, {"fxo": "not an array"}, {"bar": list[int]()}],
+            [{"foo": list[int]()}, {"quux": "foo"}, {"fxo": [1]}],
+            id="properties, patterns and typed other keys",
+        ),
+        pytest.param(
+            {"patternProperties": {"^x": {"enum": [1, [1.0], {"a": False}], "const": 1}, "^y": {"unknown": 1}}},
+            [{"x": 1.0}, {"y": "anything"}],
+            [{"x": True}, {"x": [1]}, {"x": {"a": 0}}],
+            id="enum and const by JSON's equality; a pattern schema it cannot read is not used",
+        ),
+    ],
+)
+def test_what_an_object_says_about_its_keys_is_checked_on_the_keys_sent(
+    tmp_path: Path, schema: dict[str, Any], good: list[dict[str, Any]], bad: list[dict[str, Any]]
+) -> None:
+    # The suite's direct set: each rule is JSON Schema's own, so nothing valid is refused.
+    module = tool_module(tmp_path, {"type": "object", **schema})
+    for value in good:
+        # None for "b" (an integer) means not given; a field's Python name is sent by its JSON name.
+        expected = {
+            module.Params.model_fields[k].alias or k if k in module.Params.model_fields else k: v
+            for k, v in value.items()
+            if v is not None
+        }
+        assert sent(module, value, warn=True) == expected
+    for value in bad:
+        with pytest.raises(ValidationError):
+            sent(module, value, warn=True)
+
+
+def test_an_object_key_rule_is_checked_where_a_field_is_assigned(tmp_path: Path) -> None:
+    module = tool_module(tmp_path, {"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 1})
+    params = module.Params(a=1)
+    with pytest.raises(ValidationError, match="at least 1 argument"):
+        params.a = None
 
 
 @pytest.mark.parametrize(
@@ -417,7 +580,7 @@ def test_a_value_assigned_to_params_is_checked_where_it_is_assigned(tmp_path: Pa
         params.nested.depth = 0
     # What construction does to a value, assignment does too; a None assigned means "not given".
     params.head, params.mode, params.tags = 2.0, 0.0, None
-    expected = {"path": "notes.txt", "nested": {"depth": 1}, "head": 2, "mode": 0.0}
+    expected = {"path": "notes.txt", "nested": {"depth": 1}, "head": 2.0, "mode": 0.0}
     assert json.dumps(sent(module, params), sort_keys=True) == json.dumps(expected, sort_keys=True)
 
 

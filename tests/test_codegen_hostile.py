@@ -122,6 +122,32 @@ print(json.dumps([len(names), package.__doc__.startswith("Typed Python API of MC
     assert not hostile.marker.exists()
 
 
+async def test_key_rules_keep_hostile_names_as_data(hostile: Hostile) -> None:
+    # The root's rules on its keys are generated into the module as literals (ipybox_kernel.JsonObject).
+    code = """
+import json
+from pydantic import ValidationError
+from mcptools.hostile import key_rules
+rules = key_rules.Params.model_config["json_schema_extra"]["x-ipybox-keys"]
+try:
+    key_rules.Params(a="x")
+    refused = ""
+except ValidationError as e:
+    refused = str(e)
+print(json.dumps([rules, refused]))
+"""
+    rules, refused = await run_json(code, hostile.root)
+    assert rules["required"] == hostile.breakouts and rules["anyOf"] == [[text] for text in hostile.breakouts]
+    needed = rules["dependentRequired"]
+    assert list(needed) == hostile.breakouts
+    assert all(len(n) == 1 and n[0].endswith(f"Path({str(hostile.marker)!r}).touch()") for n in needed.values())
+    assert rules["minProperties"] == 10**30
+    # One pattern does not compile, so no pattern rule is used (never a rule that could be wrong).
+    assert "forbidden" not in rules and "closed" not in rules
+    assert "at least 1000000000000000000000000000000 argument(s) must be given" in refused
+    assert not hostile.marker.exists()
+
+
 async def test_descriptions_and_titles_stay_text(hostile: Hostile) -> None:
     code = """
 import inspect, json

@@ -100,6 +100,26 @@ async def test_arguments_that_are_not_json_or_not_a_dict_fail_before_anything_is
     assert not_dict == "TypeError arguments for tool 't' must be a dict, got list"
 
 
+async def test_nan_or_infinity_in_arguments_fails_before_sending_naming_where_it_is() -> None:
+    env = {
+        **_without_channel(),
+        "IPYBOX_TOOL_SOCKET": "/nonexistent/tools.sock",
+        "IPYBOX_TOOL_TOKEN": "t" * 32,
+    }
+    code = (
+        "import ipybox_kernel\n"
+        "for arguments in ({'head': float('nan')}, {'rows': [1, {'w': float('-inf')}]}):\n"
+        "    try:\n        ipybox_kernel.call_tool('s', 't', arguments)\n"
+        "    except ipybox_kernel.ToolCallError as e:\n        print(type(e).__name__, e)\n"
+    )
+    nan, infinity = (await _python(code, env=env)).splitlines()
+    assert nan == (
+        "ToolCallError arguments['head'] for tool 't' is nan: JSON has no NaN or Infinity, "
+        "so the call cannot carry it (nothing was sent)"
+    )
+    assert infinity.startswith("ToolCallError arguments['rows'][1]['w'] for tool 't' is -inf: JSON has no NaN")
+
+
 def test_tool_output_is_frozen_and_errors_survive_pickling() -> None:
     output = ipybox_kernel.ToolOutput(structured={"a": 1}, text="1", content=[])
     with pytest.raises(FrozenInstanceError):

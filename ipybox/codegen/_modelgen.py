@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import ast
 import builtins
+import math
 import uuid
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ._modelcheck import EXTRA_FIELD, Import, Parsed, Unsafe, parse_generated
-from ._schema import NULLABLE_KEY, SchemaRejected, clean_schema
+from ._schema import KEYS_KEY, NULLABLE_KEY, SchemaRejected, clean_schema
 
 if TYPE_CHECKING:
     from datamodel_code_generator import GenerateConfig
@@ -222,10 +223,12 @@ def _mark_root(parsed: Parsed, marker: str, description: Any) -> None:
     raise Unsafe("the root model was not generated")
 
 
-def _side(schema: Any, side: Side, notes: list[str], fallbacks: list[Side]) -> Parsed:
+def _side(schema: Any, side: Side, notes: list[str], fallbacks: list[Side]) -> tuple[Parsed, dict[str, Any]]:
+    """The side's checked models and the root's key rules (`KEYS_KEY`); the permissive model on failure."""
     try:
-        cleaned, cleaning_notes = clean_schema(schema)
-        notes.extend(f"{side}: {note}" for note in cleaning_notes)
+        clean = clean_schema(schema)
+        cleaned = clean.schema
+        notes.extend(f"{side}: {note}" for note in clean.notes)
         # The generator renames the root class when a definition takes its name; a marker docstring
         # finds it whatever it is called. The marker never reaches the output.
         marker = f"ipybox-root-{uuid.uuid4().hex}"
@@ -246,9 +249,10 @@ def _side(schema: Any, side: Side, notes: list[str], fallbacks: list[Side]) -> P
         first = str(exc).split("\n", 1)[0]
         notes.append(f"{side}: schema not supported ({type(exc).__name__}: {first}); using a permissive model")
     else:
-        return parsed
+        # Only arguments are checked this way: a result is the server's, shown as it came.
+        return parsed, clean.keys if side == "Params" else {}
     fallbacks.append(side)
-    return _fallback(side)
+    return _fallback(side), {}
 
 
 class _Renamer(ast.NodeTransformer):
@@ -357,8 +361,8 @@ _SIZED = frozenset({"str", "bytes", "list", "set", "frozenset", "dict", "tuple",
 _STRICT_PARAMS = {"int": "JsonInt", "float": "StrictInt | StrictFloat", "bool": "StrictBool"}
 _STRICT_RESULT = {"float": "int | float"}
 STRICT_TYPES = ("StrictBool", "StrictFloat", "StrictInt")
-# The kernel's own types for what pydantic has no type for (JSON Schema's integer and equality).
-KERNEL_TYPES = ("JsonEqual", "JsonInt")
+# The kernel's own types for what pydantic has no type for (JSON Schema's integer, equality and keys).
+KERNEL_TYPES = ("JsonEqual", "JsonInt", "JsonObject")
 
 
 def _members(node: ast.expr) -> list[ast.expr]:
@@ -468,15 +472,53 @@ def _free(name: str, taken: set[str]) -> str:
 
 def _imported_side(
     schema: Any, side: Side, notes: list[str], fallbacks: list[Side], imports: dict[str, Import]
-) -> Parsed:
+) -> tuple[Parsed, dict[str, Any]]:
     """`_side`, its imports merged into ``imports``; the permissive model if they clash with those there."""
-    parsed = _side(schema, side, notes, fallbacks)
+    parsed, keys = _side(schema, side, notes, fallbacks)
     if not _merge_imports(imports, parsed.imports):
         notes.append(f"{side}: generated imports clash with the module's own; using a permissive model")
         fallbacks.append(side)
-        parsed = _fallback(side)
+        parsed, keys = _fallback(side), {}
         _merge_imports(imports, parsed.imports)
-    return parsed
+    return parsed, keys
+
+
+def _literal(value: Any) -> ast.expr:
+    """JSON data (from the schema: untrusted) as a literal expression; strings only ever as constants."""
+    if isinstance(value, dict):
+        entries = cast("dict[str, Any]", value)
+        return ast.Dict(
+            keys=[ast.Constant(value=str(k)) for k in entries], values=[_literal(v) for v in entries.values()]
+        )
+    if isinstance(value, list):
+        return ast.List(elts=[_literal(v) for v in cast("list[Any]", value)], ctx=ast.Load())
+    if value is None or isinstance(value, str | int | bool) or (isinstance(value, float) and math.isfinite(value)):
+        return ast.Constant(value=value)
+    raise TypeError(f"not a key rule value: {type(value).__name__}")
+
+
+def _check_keys(node: ast.ClassDef, keys: Mapping[str, Any], imports: Mapping[str, Import]) -> bool:
+    """Make the root ``Params`` a ``JsonObject`` that checks ``keys`` (`KEYS_KEY`); False if it cannot be.
+
+    Called after `_configure_model`, so the class has its ``model_config`` call.
+    """
+    match node.bases:
+        case [ast.Name(id=base)] if imports.get(base) == ("pydantic", "BaseModel"):
+            pass
+        case _:
+            return False
+    for stmt in node.body:
+        match stmt:
+            case ast.Assign(targets=[ast.Name(id="model_config")], value=ast.Call() as call) if all(
+                k.arg != "json_schema_extra" for k in call.keywords
+            ):
+                extra = ast.Dict(keys=[ast.Constant(value=KEYS_KEY)], values=[_literal(dict(keys))])
+                call.keywords.append(ast.keyword(arg="json_schema_extra", value=extra))
+                node.bases = [ast.Name(id="JsonObject", ctx=ast.Load())]
+                return True
+            case _:
+                pass
+    return False
 
 
 def _merge_imports(into: dict[str, Import], extra: Mapping[str, Import]) -> bool:
@@ -508,8 +550,8 @@ def generate_tool_models(
     notes: list[str] = []
     fallbacks: list[Side] = []
     imports: dict[str, Import] = dict(extra_imports)
-    params = _imported_side(input_schema, "Params", notes, fallbacks, imports)
-    result = None if output_schema is None else _imported_side(output_schema, "Result", notes, fallbacks, imports)
+    params, keys = _imported_side(input_schema, "Params", notes, fallbacks, imports)
+    result = None if output_schema is None else _imported_side(output_schema, "Result", notes, fallbacks, imports)[0]
 
     if ("pydantic", "ConfigDict") not in imports.values():
         # Every model gets a model_config (see _configure_model); generated classes must not shadow it.
@@ -531,6 +573,7 @@ def generate_tool_models(
 
     classes: list[str] = []
     strict: set[str] = set()
+    used: set[str] = set()
     for side, parsed, mapping in parts:
         renamer = _Renamer(mapping, parsed.forward_refs)
         for stmt in parsed.body:
@@ -538,7 +581,15 @@ def generate_tool_models(
             if isinstance(stmt, ast.ClassDef) and _is_pydantic_model(stmt, imports):
                 strict |= _faithful_types(stmt, side)
                 _configure_model(stmt, imports)
+                if side == "Params" and keys and stmt.name == "Params" and _check_keys(stmt, keys, imports):
+                    strict.add("JsonObject")
+            used.update(n.id for n in ast.walk(stmt) if isinstance(n, ast.Name))
             classes.append(_typed_extras_note(ast.unparse(stmt)))
+    if "JsonObject" in strict:
+        # The root's base was the generator's BaseModel; where nothing else uses it, its import goes too.
+        for name, origin in list(imports.items()):
+            if origin == ("pydantic", "BaseModel") and name not in used and name not in extra_imports:
+                del imports[name]
     for name in sorted(strict):
         if name == "Annotated":
             imports.setdefault(name, ("typing", name))

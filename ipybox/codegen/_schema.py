@@ -19,21 +19,26 @@ model never rejects or alters what the tool accepts (DESIGN.md §5):
   every branch merged (the generator made an object model of it, refusing arrays and scalars).
 - ``patternProperties`` become a loose ``additionalProperties``: a key that matches no declared name
   must satisfy one of the pattern schemas or the ``additionalProperties`` schema (keys are not checked).
+- What the root says about its keys that no field can (``min/maxProperties``, required names without a
+  property, ``dependentRequired``, ``false`` properties and patterns, ``propertyNames: false``,
+  ``additionalProperties: false`` next to ``patternProperties``) is returned as `KEYS_KEY` rules,
+  which the kernel's ``JsonObject`` checks on the keys sent.
 - A property that is not required and whose schema admits ``null`` is marked ``NULLABLE_KEY``, which
   the generator copies into the field; at call time ``None`` is sent as ``null`` only for those.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 # The marker of an optional property whose schema admits null; the kernel's runtime reads it.
-from ipybox_kernel._arguments import NULLABLE_KEY
+from ipybox_kernel._arguments import KEYS_KEY, NULLABLE_KEY
 
-__all__ = ("NULLABLE_KEY", "SchemaRejected", "clean_schema")
+__all__ = ("KEYS_KEY", "NULLABLE_KEY", "CleanSchema", "SchemaRejected", "clean_schema")
 
 
 # Real tool schemas are a few KiB; these bounds keep a hostile one from stalling generation.
@@ -114,6 +119,7 @@ def _sequence(value: Any) -> list[Any] | None:
 class _Cleaner:
     root: Mapping[str, Any]
     notes: list[str] = field(default_factory=list[str])
+    keys: dict[str, Any] = field(default_factory=dict[str, Any])
 
     @property
     def draft7(self) -> bool:
@@ -178,6 +184,8 @@ class _Cleaner:
         if self.draft7 and "$ref" in out:
             # Up to draft 7, keywords next to $ref are ignored.
             out = {k: v for k, v in out.items() if k in _REF_SIBLINGS}
+        elif where == "#":
+            out, self.keys = _key_rules(obj, out, draft7=self.draft7)
         return _loosen(out, obj, root=where == "#")
 
     def _regex(self, pattern: Any, where: str) -> bool:
@@ -403,6 +411,173 @@ def _single_all_of(out: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in out.items() if k != "allOf"}, **branch}
 
 
+def _names(value: Any) -> list[str] | None:
+    items = _sequence(value)
+    if items is None or not all(isinstance(item, str) for item in items):
+        return None
+    return list(dict.fromkeys(cast("list[str]", items)))
+
+
+def _count(value: Any) -> int | None:
+    # JSON Schema's non-negative integer; 2.0 counts as 2.
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != int(value):
+        return None
+    return int(value)
+
+
+def _required_only(branches: Any) -> list[list[str]] | None:
+    """The names of each branch of a composition whose branches say only ``required``, or None."""
+    items = _sequence(branches)
+    if not items:
+        return None
+    out: list[list[str]] = []
+    for branch in items:
+        node = _mapping(branch)
+        names = _names(node.get("required")) if node is not None else None
+        if node is None or names is None or set(node) - {"required", "description", "title", "$comment"}:
+            return None
+        out.append(names)
+    return out
+
+
+def _key_rules(
+    original: Mapping[str, Any], out: dict[str, Any], *, draft7: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The root's rules on its keys that generated fields cannot say (`KEYS_KEY`; the kernel's ``JsonObject``).
+
+    Each rule is exactly the keyword's meaning on the keys sent, so a call it refuses the server's
+    check refuses too. ``original`` is the raw root (for ``dependentRequired``, which the cleaned
+    schema does not keep), ``out`` its cleaned keywords before loosening. Returns ``out`` without
+    what became a rule and the generator would misread (an ``anyOf``/``oneOf``/``allOf`` of branches
+    of required names only: it made a model per branch and kept one), and the rules.
+    """
+    rules: dict[str, Any] = {}
+    out = dict(out)
+    for key in ("allOf", "anyOf", "oneOf"):
+        branches = _required_only(original.get(key)) if key in out else None
+        if branches is None:
+            continue
+        del out[key]
+        if key == "allOf":
+            out["required"] = list(
+                dict.fromkeys([*(_names(out.get("required")) or []), *(n for b in branches for n in b)])
+            )
+        else:
+            rules[key] = branches
+    for bound in ("minProperties", "maxProperties"):
+        count = _count(out.get(bound))
+        if count is not None:
+            rules[bound] = count
+    properties = _mapping(out.get("properties")) or {}
+    required = [name for name in _names(out.get("required")) or [] if name not in properties]
+    if required:
+        rules["required"] = required
+    dependent: dict[str, list[str]] = {}
+    for key in ("dependencies", "dependentRequired") if draft7 else ("dependentRequired",):
+        for name, needed in (_mapping(original.get(key)) or {}).items():
+            names = _names(needed)
+            if names:
+                dependent[name] = [*dependent.get(name, []), *(n for n in names if n not in dependent.get(name, []))]
+    if dependent:
+        rules["dependentRequired"] = dependent
+    absent = [name for name, sub in properties.items() if sub is False]
+    if absent:
+        rules["absent"] = absent
+    if out.get("propertyNames") is False:
+        rules["propertyNames"] = False
+    patterns = _mapping(out.get("patternProperties")) or {}
+    translated = {_python_pattern(p): sub for p, sub in patterns.items()}
+    if all(_compiles(p) for p in translated):
+        forbidden = [p for p, sub in translated.items() if sub is False]
+        if forbidden:
+            rules["forbidden"] = forbidden
+        if translated and out.get("additionalProperties") is False:
+            rules["closed"] = {"names": list(properties), "patterns": list(translated)}
+        raw = _mapping(original.get("patternProperties")) or {}
+        values = {_python_pattern(p): _value_check(sub) for p, sub in raw.items()}
+        checked = {p: sub for p, sub in values.items() if isinstance(sub, dict) and sub}
+        if checked:
+            rules["values"] = checked
+        extra = _value_check(original.get("additionalProperties"))
+        if translated and isinstance(extra, dict) and extra:
+            rules["additional"] = {"names": list(properties), "patterns": list(translated), "schema": extra}
+    return out, rules
+
+
+# Keywords the kernel's value check (``ipybox_kernel._arguments._fits``) reads exactly, and those it may
+# pass over because they only annotate (format included: an annotation here).
+_VALUE_CHECKS = frozenset(
+    {
+        "const",
+        "enum",
+        "exclusiveMaximum",
+        "exclusiveMinimum",
+        "maxItems",
+        "maxLength",
+        "maximum",
+        "minItems",
+        "minLength",
+        "minimum",
+        "pattern",
+        "type",
+    }
+)
+_VALUE_ANNOTATIONS = frozenset(
+    {"$comment", "default", "deprecated", "description", "examples", "format", "readOnly", "title", "writeOnly"}
+)
+_JSON_TYPES = frozenset({"array", "boolean", "integer", "null", "number", "object", "string"})
+
+
+def _plain_json(value: Any, depth: int = 0) -> bool:
+    """JSON data the generated module can hold as a literal (finite numbers, string keys)."""
+    if depth > MAX_SCHEMA_DEPTH:
+        return False
+    if value is None or isinstance(value, str | bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    items, entries = _sequence(value), _mapping(value)
+    if items is not None:
+        return all(_plain_json(v, depth + 1) for v in items)
+    return entries is not None and all(_plain_json(v, depth + 1) for v in entries.values())
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _value_check(schema: Any) -> dict[str, Any] | None:
+    """``schema``'s keywords for the kernel's value check, if it reads every one of them exactly, else None.
+
+    ``{}`` means any value; ``false`` is not a value check (`_key_rules` says it as ``forbidden``).
+    """
+    if schema is True:
+        return {}
+    node = _mapping(schema)
+    if node is None or set(node) - _VALUE_CHECKS - _VALUE_ANNOTATIONS:
+        return None
+    out = {k: v for k, v in node.items() if k in _VALUE_CHECKS}
+    if not _plain_json(out):
+        return None
+    kinds = out.get("type")
+    kind_list = [kinds] if isinstance(kinds, str) else _sequence(kinds)
+    if kinds is not None and (kind_list is None or not all(k in _JSON_TYPES for k in kind_list)):
+        return None
+    if "enum" in out and _sequence(out["enum"]) is None:
+        return None
+    bounds = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+    if any(k in out and not _number(out[k]) for k in bounds):
+        return None
+    if any(k in out and _count(out[k]) is None for k in ("minLength", "maxLength", "minItems", "maxItems")):
+        return None
+    if "pattern" in out:
+        pattern = _python_pattern(out["pattern"])
+        if not isinstance(pattern, str) or not _compiles(pattern):
+            return None
+        out["pattern"] = pattern
+    return out
+
+
 def _compiles(pattern: str) -> bool:
     try:
         re.compile(pattern)
@@ -522,11 +697,23 @@ def _check_size(schema: Any) -> None:
             raise SchemaRejected(f"more than {MAX_SCHEMA_TEXT} characters of text")
 
 
-def clean_schema(schema: Any) -> tuple[dict[str, Any], list[str]]:
-    """Copy an untrusted tool schema, keeping only what is safe to generate models from.
+@dataclass(frozen=True)
+class CleanSchema:
+    """What `clean_schema` makes of a tool schema.
 
-    Returns:
-        The cleaned schema, and notes on what was dropped (for the generation report).
+    Attributes:
+        schema: The cleaned schema, for the generator.
+        keys: The root's rules on its keys (`KEYS_KEY`), empty when it has none.
+        notes: What was dropped (for the generation report).
+    """
+
+    schema: dict[str, Any]
+    keys: dict[str, Any]
+    notes: list[str]
+
+
+def clean_schema(schema: Any) -> CleanSchema:
+    """Copy an untrusted tool schema, keeping only what is safe to generate models from.
 
     Raises:
         SchemaRejected: The schema is not a JSON object, or exceeds the size or depth bounds.
@@ -541,4 +728,4 @@ def clean_schema(schema: Any) -> tuple[dict[str, Any], list[str]]:
     second = _Cleaner(cleaned)
     result = second.schema(cleaned, "#")
     _mark_nullable(result, result)
-    return result, first.notes + second.notes
+    return CleanSchema(result, first.keys, first.notes + second.notes)

@@ -132,6 +132,20 @@ def schema_with_everything() -> dict[str, Any]:
     }
 
 
+def key_rules_schema() -> dict[str, Any]:
+    """Breakouts wherever the root's key rules (generated as data into the module) take names or patterns."""
+    return {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, **{f"no{text}": False for text in BREAKOUTS}},
+        "required": BREAKOUTS,
+        "dependentRequired": {text: [CODE] for text in BREAKOUTS},
+        "patternProperties": {CODE: False, "(unclosed": {"type": "string"}},
+        "anyOf": [{"required": [text]} for text in BREAKOUTS],
+        "minProperties": 10**30,
+        "additionalProperties": False,
+    }
+
+
 def deep_schema(depth: int) -> dict[str, Any]:
     node: dict[str, Any] = {"type": "string"}
     for _ in range(depth):
@@ -164,6 +178,7 @@ def tools() -> list[types.Tool]:
         tool("too-deep", deep_schema(70)),
         tool("too-big", {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(30_000)}}),
         tool("contradiction", {"type": "object", "allOf": [{"type": "string"}, {"type": "integer"}]}),
+        tool("key_rules", key_rules_schema()),
     ]
 
 
