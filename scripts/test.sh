@@ -27,8 +27,11 @@ NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 # pyright runs beside the tests (its minute or more of one core fits in the time the tests wait on
 # other processes); its report is printed, and its failure fails the command, once the tests end.
 pyright_log=$(mktemp)
-trap 'rm -f "$pyright_log"' EXIT
-.venv/bin/pyright >"$pyright_log" 2>&1 &
+pyright_pid=""
+# An interrupted run does not leave pyright running (a background job ignores the terminal's Ctrl-C):
+# it runs in a process group of its own (its node with it), ended on exit.
+trap 'if [ -n "$pyright_pid" ]; then kill -- "-$pyright_pid" 2>/dev/null || true; fi; rm -f "$pyright_log"' EXIT
+setsid .venv/bin/pyright >"$pyright_log" 2>&1 &
 pyright_pid=$!
 # Two workers (pytest-xdist), each given whole files (--dist loadfile, so a file's module fixtures, a
 # shared kernel or the conformance scenarios' pool, are made once): most tests wait on kernels and
@@ -39,6 +42,7 @@ tests_rc=0
 .venv/bin/pytest -n "${IPYBOX_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" || tests_rc=$?
 pyright_rc=0
 wait "$pyright_pid" || pyright_rc=$?
+pyright_pid=""
 echo "pyright:"
 cat "$pyright_log"
 if [ "$pyright_rc" -ne 0 ]; then
