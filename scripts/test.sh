@@ -21,12 +21,32 @@ fi
 bash scripts/setup.sh --test-servers
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/pyright
-# The documentation site; --strict fails on a broken link, anchor or API reference.
+# The documentation site; --strict fails on a broken link, anchor or API reference. Built before the
+# tests: tests/test_docs.py reads site/.
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
+# pyright runs beside the tests (its minute or more of one core fits in the time the tests wait on
+# other processes); its report is printed, and its failure fails the command, once the tests end.
+pyright_log=$(mktemp)
+pyright_pid=""
+# An interrupted run does not leave pyright running (a background job ignores the terminal's Ctrl-C):
+# it runs in a process group of its own (its node with it), ended on exit.
+trap 'if [ -n "$pyright_pid" ]; then kill -- "-$pyright_pid" 2>/dev/null || true; fi; rm -f "$pyright_log"' EXIT
+setsid .venv/bin/pyright >"$pyright_log" 2>&1 &
+pyright_pid=$!
 # Two workers (pytest-xdist), each given whole files (--dist loadfile, so a file's module fixtures, a
 # shared kernel or the conformance scenarios' pool, are made once): most tests wait on kernels and
 # servers starting in other processes, so two files at a time keep both cores busy.
 # --no-loadscope-reorder keeps the collection's order, which puts the slowest files first
 # (tests/conftest.py SLOWEST_FIRST). IPYBOX_TEST_WORKERS=0 runs them in one process.
-.venv/bin/pytest -n "${IPYBOX_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+tests_rc=0
+.venv/bin/pytest -n "${IPYBOX_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" || tests_rc=$?
+pyright_rc=0
+wait "$pyright_pid" || pyright_rc=$?
+pyright_pid=""
+echo "pyright:"
+cat "$pyright_log"
+if [ "$pyright_rc" -ne 0 ]; then
+  echo "scripts/test.sh: pyright failed (exit $pyright_rc)" >&2
+  exit "$pyright_rc"
+fi
+exit "$tests_rc"

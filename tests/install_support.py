@@ -6,9 +6,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import zipfile
+from collections.abc import Sequence
+from email.parser import Parser
 from pathlib import Path
 
-__all__ = ("REPO", "build_wheel", "copy_of_the_repository", "uv_command")
+from packaging.requirements import Requirement
+
+__all__ = ("REPO", "build_wheel", "copy_of_the_repository", "uv_command", "wheel_requirements")
 
 REPO = Path(__file__).resolve().parents[1]
 # Building the wheel: uv fetches hatchling into its (temporary) cache first.
@@ -37,6 +42,21 @@ def build_wheel(work: Path) -> Path:
     )
     (wheel,) = dist.glob("ipybox-*.whl")
     return wheel
+
+
+def wheel_requirements(wheel: Path, extras: Sequence[str] = ()) -> list[str]:
+    """What the wheel's metadata (``Requires-Dist``) asks for on this interpreter, with ``extras``,
+    markers evaluated: the requirements an installer of ``ipybox[extras]`` from this wheel installs."""
+    with zipfile.ZipFile(wheel) as archive:
+        [name] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = Parser().parsestr(archive.read(name).decode())
+    wanted: list[str] = []
+    for line in metadata.get_all("Requires-Dist") or []:
+        requirement = Requirement(line)
+        if requirement.marker is None or any(requirement.marker.evaluate({"extra": e}) for e in ("", *extras)):
+            requirement.marker = None
+            wanted.append(str(requirement))
+    return wanted
 
 
 def copy_of_the_repository(dest: Path) -> Path:

@@ -665,6 +665,8 @@ async def test_an_sdk_client_with_a_wrong_or_no_token_is_told_which_file_holds_t
         for headers, reason in (
             ({}, "no Authorization header"),
             ({"Authorization": "Bearer guessed"}, "wrong bearer token"),
+            # The right token without its scheme, as a user pasting it into a client's header field sends it.
+            ({"Authorization": server.token}, "the Authorization header is not a bearer token"),
         ):
             async with httpx2.AsyncClient(headers=headers, timeout=START_TIMEOUT) as http:
                 # The real SDK client over real HTTP, as a user writes it (its default mode probes first).
@@ -673,7 +675,8 @@ async def test_an_sdk_client_with_a_wrong_or_no_token_is_told_which_file_holds_t
                         pass
             error = _innermost(raised.value)
             assert isinstance(error, MCPError), repr(raised.value)
-            assert str(error).startswith(f"ipybox MCP server: {reason}; the token is in {token_file} "), str(error)
+            expected = f"ipybox MCP server: 401 Unauthorized, {reason}; the token is in {token_file} "
+            assert str(error).startswith(expected), str(error)
             assert "IPYBOX_MCP_TOKEN=<token>" in str(error) and "--bearer-token" in str(error)
             assert "send the header 'Authorization: Bearer <token>'" in str(error)
             # Clients that read the challenge (RFC 6750) find the same advice there.
@@ -682,9 +685,11 @@ async def test_an_sdk_client_with_a_wrong_or_no_token_is_told_which_file_holds_t
                     "www-authenticate"
                 ]
             assert challenge.startswith('Bearer realm="ipybox"')
-            assert (token_file in challenge) == (reason == "wrong bearer token"), challenge
-    # The refusal named the file, never the token.
-    assert server.token not in str(error)
+            # RFC 6750: a request that sent no credentials gets no error code.
+            assert ('error="invalid_token"' in challenge) == (reason != "no Authorization header"), challenge
+            assert (token_file in challenge) == (reason != "no Authorization header"), challenge
+            # The refusal named the file, never the token.
+            assert server.token not in str(error) and server.token not in challenge
 
 
 async def test_http_without_a_token_makes_one_up_so_a_local_process_can_neither_register_a_command_nor_run_code(

@@ -60,7 +60,8 @@ def _token_help(token_file: Path | None) -> str:
 
 def _unauthorized_response(reason: str, advice: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
     """The headers and body of the 401 answer to a request refused for ``reason``."""
-    message = f"ipybox MCP server: {reason}; {advice}"
+    # The status in the text as well: the MCP SDK's client raises the message alone.
+    message = f"ipybox MCP server: 401 Unauthorized, {reason}; {advice}"
     challenge = 'Bearer realm="ipybox"'
     if reason != "no Authorization header":  # RFC 6750: a request that sent no credentials gets no error code
         description = _DESCRIPTION_CHARACTERS.sub("?", message)
