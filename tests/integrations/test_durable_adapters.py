@@ -103,3 +103,9 @@ async def test_pydantic_ai_run_resumed_from_stored_message_history_in_another_pr
     gateway: Gateway, tools_dir: Path, tmp_path: Path, secret: bytes
 ) -> None:
     await paused_resumed_and_replayed("pydantic_ai", gateway, tools_dir, tmp_path, secret)
+
+
+async def test_langgraph_run_resumed_from_a_sqlite_checkpoint_in_another_process(
+    gateway: Gateway, tools_dir: Path, tmp_path: Path, secret: bytes
+) -> None:
+    await paused_resumed_and_replayed("langgraph", gateway, tools_dir, tmp_path, secret)

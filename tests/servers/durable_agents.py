@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -132,15 +133,107 @@ async def pydantic_resume(run: Run) -> dict[str, Any]:
     return {"returns": returns, "output": result.output}
 
 
+# --- LangGraph: create_agent with a SQLite checkpointer ------------------------------------------
+
+
+THREAD: Any = {"configurable": {"thread_id": "thread-1"}}
+
+
+def langgraph_agent(run: Run, saver: Any) -> Any:
+    from langchain.agents import create_agent  # pyright: ignore[reportUnknownVariableType]
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+
+    from ipybox.integrations.langchain import IpyboxTool
+
+    class Scripted(BaseChatModel):
+        """Two code actions in one turn, then "done" once their results are in."""
+
+        @property
+        def _llm_type(self) -> str:
+            return "scripted"
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            return self
+
+        def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> Any:
+            if any(isinstance(m, ToolMessage) for m in messages):
+                message = AIMessage("done")
+            else:
+                calls = [
+                    {"name": "execute_code", "args": {"code": code}, "id": id, "type": "tool_call"}
+                    for id, code in CODES.items()
+                ]
+                message = AIMessage("", tool_calls=calls)
+            return ChatResult(generations=[ChatGeneration(message=message)])
+
+    tool = IpyboxTool(executor=run.executor, secret=run.secret, ttl=HOLD)
+    return create_agent(Scripted(), tools=[tool], checkpointer=saver)  # pyright: ignore[reportUnknownVariableType]
+
+
+async def langgraph_start(run: Run) -> dict[str, Any]:
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    async with AsyncSqliteSaver.from_conn_string(str(run.state / "checkpoints.sqlite")) as saver:
+        agent = langgraph_agent(run, saver)
+        out = await agent.ainvoke({"messages": [{"role": "user", "content": "go"}]}, THREAD, version="v2")
+    values = [it.value for it in out.interrupts]
+    return {"pending": {v["tool_call_id"]: [v["tool"], v["args"], "locator" in v] for v in values}}
+
+
+async def langgraph_resume(run: Run) -> dict[str, Any]:
+    from langchain_core.messages import ToolMessage
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+    from langgraph.types import Command
+
+    async with AsyncSqliteSaver.from_conn_string(str(run.state / "checkpoints.sqlite")) as saver:
+        agent = langgraph_agent(run, saver)
+        state = await agent.aget_state(THREAD)
+        if run.swap:
+            await langgraph_swap(saver, state)
+            state = await agent.aget_state(THREAD)
+        answers: dict[str, dict[str, Any]] = {}
+        for it in state.interrupts:
+            decision = DECISIONS[it.value["tool_call_id"]]
+            answers[it.id] = (
+                {"type": "approve"} if decision.approved else {"type": "reject", "message": decision.reason}
+            )
+        out = await agent.ainvoke(Command(resume=answers), THREAD, version="v2")
+    messages = out.value["messages"]
+    return {"returns": {m.tool_call_id: m.content for m in messages if isinstance(m, ToolMessage)}}
+
+
+async def langgraph_swap(saver: Any, state: Any) -> None:
+    """Exchange the two actions' locators in the checkpoint's saved interrupts, as an attacker who
+    can write the checkpoint database could."""
+    from langgraph.types import Interrupt
+
+    saved = await saver.aget_tuple(state.config)
+    interrupts = [(task, value) for task, channel, value in saved.pending_writes if channel == "__interrupt__"]
+    assert len(interrupts) == 2, interrupts
+    (task_a, [first]), (task_b, [second]) = interrupts
+    for task, mine, theirs in ((task_a, first, second), (task_b, second, first)):
+        changed = Interrupt(value={**mine.value, "locator": theirs.value["locator"]}, id=mine.id)
+        await saver.aput_writes(saved.config, [("__interrupt__", [changed])], task)
+
+
 WORKERS: dict[tuple[str, str], Callable[[Run], Awaitable[dict[str, Any]]]] = {
     ("pydantic_ai", "start"): pydantic_start,
     ("pydantic_ai", "resume"): pydantic_resume,
+    ("langgraph", "start"): langgraph_start,
+    ("langgraph", "resume"): langgraph_resume,
 }
 
 
 async def main(framework: str, mode: str, url: str, token: str, tools: str, call_log: str, state: str) -> None:
     secret = bytes.fromhex(os.environ["IPYBOX_TEST_SECRET"])
-    with tempfile.TemporaryDirectory() as workspace:
+    with tempfile.TemporaryDirectory() as workspace, tempfile.TemporaryDirectory() as snapshot:
+        if mode == "resume":
+            # A resume reads a copy of the stored state: what it writes back (a finished thread)
+            # leaves the stored state as A left it, for the tests' replays.
+            shutil.copytree(state, snapshot, dirs_exist_ok=True)
+            state = snapshot
         kernel = GatewayKernel(url, token=token, allow_unisolated_kernel=True)
         async with CodeExecutor(workspace=workspace, tools_dir=tools, kernel=kernel) as executor:
             executor.register_mcp_server("test", stdio_server(call_log=Path(call_log)))
