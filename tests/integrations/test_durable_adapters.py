@@ -109,3 +109,9 @@ async def test_langgraph_run_resumed_from_a_sqlite_checkpoint_in_another_process
     gateway: Gateway, tools_dir: Path, tmp_path: Path, secret: bytes
 ) -> None:
     await paused_resumed_and_replayed("langgraph", gateway, tools_dir, tmp_path, secret)
+
+
+async def test_openai_agents_run_resumed_from_a_serialized_run_state_in_another_process(
+    gateway: Gateway, tools_dir: Path, tmp_path: Path, secret: bytes
+) -> None:
+    await paused_resumed_and_replayed("openai_agents", gateway, tools_dir, tmp_path, secret)

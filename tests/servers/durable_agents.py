@@ -218,7 +218,71 @@ async def langgraph_swap(saver: Any, state: Any) -> None:
         await saver.aput_writes(saved.config, [("__interrupt__", [changed])], task)
 
 
+# --- OpenAI Agents: RunState.to_string() -----------------------------------------------------------
+
+
+def openai_agent(run: Run, turns: list[Any]) -> Any:
+    from agents import Agent, set_tracing_disabled
+    from agents.testing import ScriptedModel
+
+    from ipybox.integrations.openai_agents import ipybox_tool
+
+    set_tracing_disabled(True)
+    tool = ipybox_tool(run.executor, secret=run.secret, ttl=HOLD)
+    return Agent(name="agent", model=ScriptedModel(turns), tools=[tool])
+
+
+def openai_item(item: Any) -> tuple[str, dict[str, Any], str]:
+    """(the code action's call id, the MCP call's arguments, the nested call id) of an interruption."""
+    args = json.loads(item.raw_item.arguments)
+    return f"call-{args['item_id'][1:]}", args, str(item.raw_item.call_id)
+
+
+async def openai_start(run: Run) -> dict[str, Any]:
+    from agents import Runner
+    from agents.testing import assistant_message, function_call
+
+    calls = [function_call("execute_code", {"code": code}, call_id=id) for id, code in CODES.items()]
+    agent = openai_agent(run, [calls, [assistant_message("done")]])
+    result = await Runner.run(agent, "go")
+    (run.state / "run_state.json").write_text(result.to_state().to_string())
+    pending: dict[str, Any] = {}
+    for item in result.interruptions:
+        action, args, call_id = openai_item(item)
+        pending[action] = [str(item.tool_name).removeprefix("test__"), args, call_id.count("|") == 2]
+    return {"pending": pending}
+
+
+async def openai_resume(run: Run) -> dict[str, Any]:
+    from agents import Runner, RunState, ToolCallOutputItem
+    from agents.testing import assistant_message
+
+    # This model is only asked for the final answer: the two code calls are in the stored state.
+    agent = openai_agent(run, [[assistant_message("done")]])
+    text = (run.state / "run_state.json").read_text()
+    if run.swap:
+        state = await RunState.from_string(agent, text)
+        first, second = (openai_item(item)[2].split("|")[2] for item in state.get_interruptions())
+        text = swapped(first, second, text)
+    state = await RunState.from_string(agent, text)
+    for item in state.get_interruptions():
+        action = openai_item(item)[0]
+        if DECISIONS[action].approved:
+            state.approve(item)
+        else:
+            state.reject(item, rejection_message=DECISIONS[action].reason)
+    result = await Runner.run(agent, state)
+    returns: dict[str, Any] = {}
+    for item in result.new_items:
+        if isinstance(item, ToolCallOutputItem):
+            raw: Any = item.raw_item
+            returns[str(raw["call_id"])] = item.output
+    return {"returns": returns}
+
+
 WORKERS: dict[tuple[str, str], Callable[[Run], Awaitable[dict[str, Any]]]] = {
+    ("openai_agents", "start"): openai_start,
+    ("openai_agents", "resume"): openai_resume,
     ("pydantic_ai", "start"): pydantic_start,
     ("pydantic_ai", "resume"): pydantic_resume,
     ("langgraph", "start"): langgraph_start,
