@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -115,12 +115,17 @@ async def adapter_worker(mode: str, url: str, token: str, secret: bytes, state: 
             return ModelResponse(parts=[TextPart("done")])
         return ModelResponse(parts=[ToolCallPart("execute_code", {"code": CODE}, tool_call_id="call-1")])
 
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        # Streamed only in B (its event handler), after the tool result: the final answer.
+        yield "done"
+
     requests_type = TypeAdapter(DeferredToolRequests)
     with tempfile.TemporaryDirectory() as workspace:
         async with executor(url, token, workspace) as ex:
             ex.register_mcp_server("test", stdio_server())
             toolset = IpyboxToolset(ex, secret=secret, ttl=600)
-            agent = Agent(FunctionModel(respond), toolsets=[toolset], output_type=[str, DeferredToolRequests])
+            model = FunctionModel(respond, stream_function=stream)
+            agent = Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests])
             if mode == "adapter-suspend":
                 result = await agent.run("go")
                 (state / "messages.json").write_bytes(result.all_messages_json())
@@ -149,7 +154,11 @@ async def through_adapter(gateway: Gateway, n: int) -> list[float]:
         with tempfile.TemporaryDirectory() as state:
             base = [sys.executable, __file__, "--worker"]
             await anyio.run_process([*base, "adapter-suspend", gateway.url, gateway.token, state], env=env)
-            b = await anyio.run_process([*base, "adapter-resume", gateway.url, gateway.token, state], env=env)
+            b = await anyio.run_process(
+                [*base, "adapter-resume", gateway.url, gateway.token, state], env=env, check=False
+            )
+            if b.returncode:
+                raise RuntimeError(f"the resuming worker failed:\n{b.stderr.decode()[-3000:]}")
             samples.append(json.loads(b.stdout.decode().splitlines()[-1])["resume"])
     return samples
 
