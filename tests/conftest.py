@@ -50,6 +50,7 @@ SLOWEST_FIRST = (
     "tests/test_mcp_conformance.py",
     "tests/test_install.py",
     "tests/test_durable_approvals.py",
+    "tests/integrations/test_durable_adapters.py",
     "tests/test_snippets.py",
     "tests/test_plugin.py",
     "tests/test_setup.py",

@@ -139,3 +139,9 @@ async def test_the_executor_refuses_what_cannot_be_suspended_or_resumed_here(tmp
         # Genuine, but this executor's kernels are not on that gateway.
         with pytest.raises(UsageError, match="GatewayKernel at that URL"):
             ex.resume(sealed(), secret=SECRET)
+        # Genuine, but of another code action than the one the application resumes (a locator copied
+        # from another thread's or action's state): refused before anything else.
+        with pytest.raises(InvalidLocator, match="another code action"):
+            ex.resume(sealed(), secret=SECRET, key="langchain:another-thread:call-1")
+        with pytest.raises(UsageError, match="GatewayKernel at that URL"):
+            ex.resume(sealed(), secret=SECRET, key="k")

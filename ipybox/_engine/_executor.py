@@ -17,7 +17,14 @@ from opentelemetry import trace
 
 from ipybox._approval._decisions import ApprovalDecision, ApprovalRequest
 from ipybox._approval._policies import Approval, check_approval
-from ipybox._exceptions import ExecutionCancelled, ExecutionLost, ExecutionSuspended, KernelStartError, UsageError
+from ipybox._exceptions import (
+    ExecutionCancelled,
+    ExecutionLost,
+    ExecutionSuspended,
+    InvalidLocator,
+    KernelStartError,
+    UsageError,
+)
 from ipybox._gateway._held import HeldCall
 from ipybox._gateway._transfer import RemoteFiles
 from ipybox._kernel import KernelHandle, KernelSource
@@ -529,7 +536,9 @@ class CodeExecutor:
         )
         return kernel, driver, msg_id, held
 
-    def resume(self, locator: str, *, secret: bytes, decision: ApprovalDecision | None = None) -> Execution:
+    def resume(
+        self, locator: str, *, secret: bytes, decision: ApprovalDecision | None = None, key: str | None = None
+    ) -> Execution:
         """Resume a suspended execution from its locator, in this process, and return it.
 
         The locator is verified with ``secret`` first (nothing runs unless it was made with it and
@@ -549,9 +558,13 @@ class CodeExecutor:
             decision: The decision on every call that waited when it was suspended (an answer a
                 person gave meanwhile), applied without an `ApprovalRequest` event (the tool-call
                 hook and the trace record it); None: ask again.
+            key: The key the suspended execution must have (None: any). An application that keeps
+                locators in per-action state passes the action's key, so that a locator copied
+                from another action's or conversation's state is refused.
 
         Raises:
-            InvalidLocator: Not made with ``secret``, changed, or not a locator.
+            InvalidLocator: Not made with ``secret``, changed, not a locator, or of an execution
+                with another key than ``key``.
             ExecutionLost: It expired. If the kernel is gone (its hold ran out, the gateway
                 restarted, it was resumed elsewhere already), the returned execution fails with
                 `ExecutionLost` instead; in both cases nothing was re-run.
@@ -563,6 +576,9 @@ class CodeExecutor:
 
         tg = self._require_running()
         suspension = read_locator(locator, check_secret(secret))
+        if key is not None and suspension.key != key:
+            # Genuine, but another action's: its state was swapped for this one's.
+            raise InvalidLocator("the locator is of another code action than the one resumed; nothing was run")
         if not isinstance(self.kernel, GatewayKernel) or self.kernel.base != suspension.held.url:
             raise UsageError(
                 f"the suspended execution's kernel is on the gateway at {suspension.held.url}; resume it with an "

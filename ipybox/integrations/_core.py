@@ -32,6 +32,7 @@ from ipybox import (
     ExecutionError,
     ExecutionLost,
     Image,
+    InvalidLocator,
     IpyboxError,
     KernelError,
     UsageError,
@@ -48,7 +49,10 @@ __all__ = (
     "ActionOutcome",
     "ApprovalPayload",
     "Catalogue",
+    "Durable",
+    "Suspended",
     "ToolText",
+    "answering",
     "as_answered",
     "check_answers",
     "describe_tools",
@@ -56,6 +60,7 @@ __all__ = (
     "parse_decision",
     "search_stubs",
     "start_or_attach",
+    "suspending",
     "tool_instructions",
 )
 
@@ -248,6 +253,9 @@ class ApprovalPayload:
     "url_host"}`` in URL mode, for a UI that shows a form. The server's message is in ``args`` as
     sent and in ``description`` escaped; show ``description``. Answer with ``{"type": "answer",
     "content": {...}}`` (`parse_decision`); an approval without content declines the question."""
+    locator: str | None = None
+    """With durable approvals (an adapter given a ``secret``): the suspended code action's locator
+    (`CodeExecutor.suspend`), kept in the framework's state so any process can resume it."""
 
     @classmethod
     def of(cls, request: ApprovalRequest) -> ApprovalPayload:
@@ -303,6 +311,8 @@ class ApprovalPayload:
             data["call_site"] = dict(self.call_site)
         if self.question is not None:
             data["question"] = _plain(self.question)
+        if self.locator is not None:
+            data["locator"] = self.locator
         return data
 
 
@@ -490,3 +500,111 @@ async def drive(
         output: str = getattr(exc, "output", "")
         return ActionOutcome(text=f"{output}\n{exc}".strip(), error=exc)
     raise AssertionError("an execution's events end with its result or its error")
+
+
+@dataclass(frozen=True)
+class Durable:
+    """An adapter's durable approvals: a code action paused at an MCP call's approval is suspended
+    (`CodeExecutor.suspend`) and its locator kept in the framework's own state, so that any process
+    with the same ``secret`` resumes it (`CodeExecutor.resume`), once, within ``hold`` seconds."""
+
+    secret: bytes
+    hold: float
+
+    @classmethod
+    def of(cls, secret: bytes | None, ttl: float | None) -> Durable | None:
+        """The adapter's setting from its ``secret`` and ``ttl`` arguments (None: not durable).
+
+        Raises:
+            UsageError: ``secret`` is too short, or ``ttl`` is None (a suspended action needs an
+                end: its kernel is held on the gateway until then).
+        """
+        from ipybox._engine._suspension import check_hold, check_secret
+
+        if secret is None:
+            return None
+        if ttl is None:
+            raise UsageError("durable approvals (secret=...) need a ttl: the seconds a kernel holds a paused action")
+        return cls(secret=check_secret(secret), hold=check_hold(ttl))
+
+    def resume(self, executor: CodeExecutor, locator: object, key: str) -> Execution:
+        """The suspended action of ``key`` resumed here from its ``locator`` (read from the framework's
+        state: refused unless made with the secret, unchanged, unexpired and of this very action).
+
+        Raises:
+            InvalidLocator: Refused; nothing was run.
+            ExecutionLost: It expired; nothing was re-run.
+        """
+        if not isinstance(locator, str):
+            raise InvalidLocator("the framework's state holds no locator string for this code action")
+        return executor.resume(locator, secret=self.secret, key=key)
+
+
+class Suspended(Exception):
+    """Stops `drive` where the execution was suspended: the framework's interrupt carries ``locator``
+    and the request it asks about (``payload``)."""
+
+    def __init__(self, locator: str, payload: ApprovalPayload) -> None:
+        super().__init__(payload.request_id)
+        self.locator = locator
+        self.payload = payload
+
+
+def suspending(executor: CodeExecutor, execution: Execution, durable: Durable, otherwise: Decide) -> Decide:
+    """A `Decide` that suspends the execution at a tool call's approval and raises `Suspended`.
+
+    An execution can be suspended only while every call it makes waits for approval; with calls
+    still on their way (``asyncio.gather``), it waits for their requests first. A request that
+    cannot be suspended (a server's question, a network connection, a call left running) goes to
+    ``otherwise``, the adapter's in-process way.
+    """
+
+    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
+        if type(request) is ApprovalRequest:
+            while request.decision is None and not execution.done:
+                seen = len(execution.log)
+                try:
+                    locator = await executor.suspend(execution, secret=durable.secret, ttl=durable.hold)
+                except UsageError:
+                    # A call of the execution is running or not yet asked: wait for what it does next.
+                    if not await _next_event(execution, seen):
+                        break
+                    if any(
+                        isinstance(event, ApprovalRequest) and type(event) is not ApprovalRequest
+                        for event in execution.log[seen:]
+                    ):
+                        break
+                    continue
+                raise Suspended(locator, replace(payload, locator=locator))
+        return await otherwise(request, payload)
+
+    return decide
+
+
+async def _next_event(execution: Execution, seen: int) -> bool:
+    """Wait until the execution's log has more than ``seen`` events; False if it ended instead."""
+    index = 0
+    try:
+        async for _ in execution.events():
+            index += 1
+            if index > seen:
+                return True
+    except IpyboxError:
+        pass
+    return False
+
+
+def answering(decision: ApprovalDecision, otherwise: Decide) -> Decide:
+    """A `Decide` for a resumed execution: the framework's answer decides the first tool call asked
+    again (the one its interrupt showed: a suspended execution's calls are asked again in the order
+    they were made), ``otherwise`` the rest."""
+    answered = False
+
+    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
+        nonlocal answered
+        if not answered and type(request) is ApprovalRequest and request.decision is None:
+            answered = True
+            return decision
+        return await otherwise(request, payload)
+
+    return decide

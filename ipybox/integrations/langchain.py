@@ -41,6 +41,7 @@ from ipybox import (
     CodeExecutor,
     Execution,
     ExecutionLost,
+    InvalidLocator,
     UsageError,
 )
 from ipybox.codegen._toolsearch import CatalogueMode
@@ -54,11 +55,15 @@ from ._core import (
     ApprovalPayload,
     Catalogue,
     Decide,
+    Durable,
+    Suspended,
+    answering,
     check_answers,
     describe_tools,
     drive,
     search_stubs,
     start_or_attach,
+    suspending,
 )
 from ._langgraph import Queue, queue_of
 
@@ -102,6 +107,11 @@ class McpApprovalRequest(TypedDict):
     """When a server asks a question during a call (``tool`` is ``"elicitation/create"``): its
     mode and form schema or URL (`ApprovalPayload.question`); answer it with
     ``{"type": "answer", "content": {...}}``."""
+    locator: NotRequired[str]
+    """With durable approvals (``IpyboxTool(secret=...)``): the suspended code action's locator, kept
+    in the checkpoint; the tool resumes the action from it in whichever process resumes the graph."""
+    ipybox_interrupts: NotRequired[int]
+    """With durable approvals: how many interrupts this tool call raised before this one."""
 
 
 class McpDecision(BaseModel):
@@ -179,6 +189,8 @@ class IpyboxTool(BaseTool):
     what to put in a system prompt instead when the description is kept short."""
     ttl: float | None = DEFAULT_TTL
     timeout: float | None = None
+    secret: bytes | None = Field(default=None, repr=False, exclude=True)
+    """The application's key for durable approvals (see ``__init__``)."""
     catalogue_mode: CatalogueMode | None = None
     """What `instructions` show of the generated tools: ``"stubs"``, ``"summary"`` (servers and tool
     names; the model needs `IpyboxSearchTool` or the kernel's search for signatures), None (no tools)."""
@@ -194,6 +206,7 @@ class IpyboxTool(BaseTool):
         timeout: float | None = None,
         catalogue: Catalogue = "auto",
         search_tool: str | None = None,
+        secret: bytes | None = None,
         **kwargs: Any,
     ) -> None:
         """Create the tool.
@@ -214,6 +227,12 @@ class IpyboxTool(BaseTool):
                 ``"stubs"`` or ``"summary"`` forces one.
             search_tool: The name of an `IpyboxSearchTool` the model also has; a summary points
                 to it (else to the search in kernel code). `ipybox_tools` sets it.
+            secret: Durable approvals (the executor's kernel must be a `GatewayKernel`): at each
+                approval the code action is suspended (`CodeExecutor.suspend`, held ``ttl``
+                seconds) and its locator put in the interrupt's value, which the checkpointer
+                stores; the graph can then be resumed by any process with the same secret and
+                checkpointer, and the action goes on there, once. At least 32 random bytes, the
+                same on every worker. None: the action waits in this process.
             **kwargs: Other `BaseTool` fields (``tags``, ``metadata``, ``callbacks``...).
         """
         text = describe_tools(
@@ -231,8 +250,10 @@ class IpyboxTool(BaseTool):
             ttl=ttl,
             timeout=timeout,
             catalogue_mode=text.catalogue,
+            secret=secret,
             **kwargs,
         )
+        Durable.of(secret, ttl)  # checks them now, not at the first interrupt
 
     def invoke(
         self, input: str | dict[str, Any] | ToolCall, config: RunnableConfig | None = None, **kwargs: Any
@@ -274,6 +295,13 @@ class IpyboxTool(BaseTool):
                     "the graph has a checkpointer but no thread id: pass config={'configurable': {'thread_id': ...}}"
                 )
             key = f"langchain:{thread_id}:{tool_call_id}"
+            durable = Durable.of(self.secret, self.ttl)
+            if durable is not None:
+                return _message(
+                    await self._durable_run(durable, key, code, tool_call_id, configurable, on_output),
+                    tool_call_id,
+                    self.name,
+                )
             try:
                 execution = await self._start_or_attach(key, code, configurable)
             except ExecutionLost as exc:
@@ -287,6 +315,62 @@ class IpyboxTool(BaseTool):
                 decide = _interrupter(tool_call_id, execution, queue, step)
                 outcome = await drive(execution, decide, on_output=on_output, replay="all")
         return _message(outcome, tool_call_id, self.name)
+
+    async def _durable_run(
+        self,
+        durable: Durable,
+        key: str,
+        code: str,
+        tool_call_id: str,
+        configurable: Mapping[str, Any],
+        on_output: Callable[[CodeExecutionChunk], Awaitable[None]] | None,
+    ) -> ActionOutcome:
+        """Run (or resume) the code action with durable approvals.
+
+        Each approval suspends the action and raises an interrupt whose value carries its locator and
+        the number of interrupts this tool call raised before. LangGraph answers a task's interrupts
+        by position, so a run of the tool (in any process) first reads the last interrupt it raised
+        from the checkpoint, calls `interrupt` again for each one before it (their answers are
+        stored) and for it: still unanswered, the graph pauses again with the same value and the
+        kernel is not touched; answered, the action is resumed from the locator with the answer.
+        """
+        value = await _last_interrupt(configurable)
+        asked = 0 if value is None else value.get("ipybox_interrupts", 0)
+        for _ in range(asked):
+            interrupt(None)  # answered already: returns the stored answer
+        if value is None:
+            execution = start_or_attach(self.executor, key, code, approval="ask", ttl=self.ttl, timeout=self.timeout)
+            await queue_of(self.executor).wait_for_turn(execution, _step_of(configurable["thread_id"]))
+            decide = suspending(self.executor, execution, durable, _cannot_wait)
+        while True:
+            if value is not None:
+                # The first run raises GraphInterrupt here; never catch around this call.
+                answer = interrupt(value, response_schema=McpDecision)
+                asked += 1
+                if answer.request_id not in (None, value["request_id"]):
+                    return ActionOutcome.lost(
+                        ExecutionLost(
+                            f"the decision answers request {answer.request_id!r}, not {value['request_id']!r}"
+                        )
+                    )
+                try:
+                    execution = durable.resume(self.executor, value.get("locator"), key)
+                except InvalidLocator as exc:
+                    return ActionOutcome(text=f"refused to resume the code action, nothing was run: {exc}", error=exc)
+                except ExecutionLost as exc:
+                    return ActionOutcome.lost(exc)
+                decision = ApprovalDecision(
+                    approved=answer.type != "reject", reason=answer.message, content=answer.content
+                )
+                decide = answering(decision, suspending(self.executor, execution, durable, _cannot_wait))
+            try:
+                return await drive(execution, decide, on_output=on_output)  # pyright: ignore[reportPossiblyUnboundVariable]
+            except Suspended as suspended:
+                payload = suspended.payload.to_json()
+                value = cast(
+                    "McpApprovalRequest",
+                    {"type": "tool_approval", "tool_call_id": tool_call_id, **payload, "ipybox_interrupts": asked},
+                )
 
     async def _start_or_attach(self, key: str, code: str, configurable: Mapping[str, Any]) -> Execution:
         """The execution of this tool call: its paused one on resume, else a new one.
@@ -357,10 +441,30 @@ def ipybox_tools(
 
 async def _interrupted_before(configurable: Mapping[str, Any]) -> bool:
     """Whether the checkpoint holds an interrupt or resume of the task running this tool call."""
+    return any(channel in _PAUSE_CHANNELS for channel, _ in await _task_writes(configurable))
+
+
+async def _last_interrupt(configurable: Mapping[str, Any]) -> McpApprovalRequest | None:
+    """The last durable interrupt the task running this tool call raised, from the checkpoint."""
+    found: McpApprovalRequest | None = None
+    for channel, value in await _task_writes(configurable):
+        if channel != "__interrupt__":
+            continue
+        for item in cast("Sequence[Any]", value if isinstance(value, list | tuple) else [value]):
+            data: object = getattr(item, "value", None)
+            if isinstance(data, Mapping):
+                fields = cast("Mapping[str, object]", data)
+                if isinstance(fields.get("ipybox_interrupts"), int) and isinstance(fields.get("request_id"), str):
+                    found = cast("McpApprovalRequest", fields)
+    return found
+
+
+async def _task_writes(configurable: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The writes the checkpoint holds for the task running this tool call: (channel, value)."""
     runtime = _runtime()
     info = None if runtime is None else runtime.execution_info
     if info is None:
-        return False
+        return []
     checkpointer: BaseCheckpointSaver[Any] = configurable[CONFIG_KEY_CHECKPOINTER]
     # The task's writes are saved with the checkpoint of the graph that runs it: its namespace is the
     # task's without the last `|`-separated part (the task's own).
@@ -375,7 +479,7 @@ async def _interrupted_before(configurable: Mapping[str, Any]) -> bool:
         }
     )
     writes = () if saved is None or saved.pending_writes is None else saved.pending_writes
-    return any(task == info.task_id and channel in _PAUSE_CHANNELS for task, channel, _ in writes)
+    return [(channel, value) for task, channel, value in writes if task == info.task_id]
 
 
 def _runtime() -> Runtime[Any] | None:
@@ -405,6 +509,14 @@ def _interrupter(tool_call_id: str, execution: Execution, queue: Queue, step: st
         return ApprovalDecision(approved=answer.type != "reject", reason=answer.message, content=answer.content)
 
     return decide
+
+
+async def _cannot_wait(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
+    return ApprovalDecision(
+        approved=False,
+        reason=f"{payload.name} cannot wait for a person with durable approvals: only MCP tool calls are suspended "
+        "(a server's question or a network connection is not); give the executor an approval policy for it",
+    )
 
 
 async def _nobody_to_ask(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:

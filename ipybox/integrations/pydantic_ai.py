@@ -57,6 +57,7 @@ from ipybox import (
     CodeExecutor,
     Execution,
     ExecutionLost,
+    InvalidLocator,
     UsageError,
 )
 from ipybox.integrations._core import (
@@ -67,13 +68,18 @@ from ipybox.integrations._core import (
     ActionOutcome,
     ApprovalPayload,
     Catalogue,
+    Decide,
+    Durable,
+    Suspended,
     ToolText,
+    answering,
     check_answers,
     describe_tools,
     drive,
     parse_decision,
     search_stubs,
     start_or_attach,
+    suspending,
 )
 
 # ApprovalPayload is what pending_mcp_calls returns; Decision is the deprecated shape of what
@@ -199,6 +205,12 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
             ``"stubs"`` or ``"summary"`` forces one. While the summary is shown, the toolset also
             offers ``search_tools`` (query, k), which returns the stubs of the best matches; it
             reads the tools directory only and needs no approval.
+        secret: Durable approvals (the executor's kernel must be a `GatewayKernel`): a code action
+            that asks for an approval nobody answers inline is suspended (`CodeExecutor.suspend`,
+            held ``ttl`` seconds) and its locator put in the deferred call's metadata, which
+            `mcp_approval_results` copies into the results; a run resumed from stored message
+            history in any process with the same secret resumes the action from it. At least 32
+            random bytes, the same on every worker. None: the action waits in this process.
     """
 
     def __init__(
@@ -212,6 +224,7 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
         ttl: float | None = DEFAULT_TTL,
         timeout: float | None = None,
         catalogue: Catalogue = "auto",
+        secret: bytes | None = None,
     ) -> None:
         if isinstance(servers, str):
             raise UsageError(f"servers takes a list of names, got the string {servers!r}; pass [{servers!r}]")
@@ -224,6 +237,7 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
         self._approval: Approval | None = approval
         self._ttl = ttl
         self._timeout = timeout
+        self._durable = Durable.of(secret, ttl)
         self._tool_def = ToolDefinition(
             name=tool_name,
             parameters_json_schema=_PARAMETERS,
@@ -273,8 +287,16 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
             )
         code: str = tool_args["code"]
         key = self._key(ctx, ctx.tool_call_id or uuid.uuid4().hex)
+        metadata = ctx.tool_call_metadata
+        durable = self._durable
+        first: ApprovalDecision | None = None
         try:
-            if _answers_a_request(ctx.tool_call_metadata):
+            if durable is not None and _answers_a_request(metadata) and "locator" in metadata:
+                # A durable resume: the action waits on the gateway, suspended by whichever process
+                # ran it; its locator is bound to this tool call's key.
+                first = _resume_decision({k: v for k, v in metadata.items() if k != "locator"})[0]
+                execution = durable.resume(self.executor, metadata["locator"], key)
+            elif _answers_a_request(metadata):
                 # A resume with a decision on one of this action's requests: its execution must
                 # exist, even in a process that never started it (which start_or_attach cannot tell).
                 execution = self.executor.attach(key)
@@ -284,9 +306,17 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
                 )
         except ExecutionLost as exc:
             raise ToolFailed(ActionOutcome.lost(exc).text) from None
-        resumed = ctx.tool_call_approved
+        except InvalidLocator as exc:
+            raise ToolFailed(f"refused to resume the code action, nothing was run: {exc}") from None
+        resumed = ctx.tool_call_approved and first is None
 
-        async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
+        async def defer(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
+            self._surfaced[execution] = request.id
+            raise ApprovalRequired(metadata=payload.to_json())
+
+        later: Decide = defer if durable is None else suspending(self.executor, execution, durable, defer)
+
+        async def ask(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
             nonlocal resumed
             if resumed and self._surfaced.get(execution) == request.id:
                 resumed = False
@@ -296,8 +326,12 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
             decision = await _ask_inline(ctx, payload)
             if decision is not None:
                 return decision
-            self._surfaced[execution] = request.id
-            raise ApprovalRequired(metadata=payload.to_json())
+            try:
+                return await later(request, payload)
+            except Suspended as suspended:
+                raise ApprovalRequired(metadata=suspended.payload.to_json()) from None
+
+        decide: Decide = ask if first is None else answering(first, ask)
 
         async def show(chunk: CodeExecutionChunk) -> None:
             await ctx.emit(KernelOutputEvent(text=chunk.text, stream=chunk.stream))
@@ -420,6 +454,7 @@ def pending_mcp_calls(requests: DeferredToolRequests) -> dict[str, ApprovalPaylo
             left_running=data.get("left_running"),
             call_site=data.get("call_site"),
             question=data.get("question"),
+            locator=data.get("locator"),
         )
     return pending
 
@@ -452,11 +487,16 @@ def mcp_approval_results(
     results = DeferredToolResults(answered_by=dict(answered_by or {}))
     for tool_call_id, value in decisions.items():
         results.approvals[tool_call_id] = ToolApproved()
+        # A durable action's locator goes with the decision: the process that resumes the run
+        # resumes the action from it.
+        locator = pending[tool_call_id].locator
+        durable = {"locator": locator} if locator is not None else {}
         if isinstance(value, ApprovalDecision) and value.approved and value.content is not None:
             results.metadata[tool_call_id] = {
                 "type": "answer",
                 "content": dict(value.content),
                 "request_id": pending[tool_call_id].request_id,
+                **durable,
             }
             continue
         approved, reason = _approved_and_reason(value)
@@ -465,6 +505,7 @@ def mcp_approval_results(
             "type": "approve" if approved else "reject",
             "request_id": pending[tool_call_id].request_id,
             **({"message": reason} if not approved and reason else {}),
+            **durable,
         }
     return results
 

@@ -7,6 +7,7 @@ function that ends a tool body the way an interrupt does, by raising.
 from __future__ import annotations
 
 import json
+import secrets
 import shutil
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from ipybox import (
 from ipybox.integrations._core import (
     ActionOutcome,
     ApprovalPayload,
+    Durable,
     check_answers,
     describe_tools,
     drive,
@@ -246,3 +248,13 @@ def test_decisions_are_read_from_the_shapes_people_resume_with(
 def test_anything_else_is_a_usage_error_showing_the_accepted_shapes(value: object) -> None:
     with pytest.raises(UsageError, match=r"\{'type': 'approve'\}"):
         parse_decision(value)
+
+
+def test_durable_approvals_need_a_secret_of_32_bytes_and_a_ttl() -> None:
+    secret = secrets.token_bytes(32)
+    assert Durable.of(None, 60) is None
+    assert Durable.of(secret, 60) == Durable(secret=secret, hold=60.0)
+    with pytest.raises(UsageError, match="32"):
+        Durable.of(b"a password", 60)
+    with pytest.raises(UsageError, match="need a ttl"):
+        Durable.of(secret, None)

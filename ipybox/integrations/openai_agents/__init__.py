@@ -27,6 +27,7 @@ from ipybox.integrations._core import (
     TOOL_NAME,
     ApprovalPayload,
     Catalogue,
+    Durable,
     describe_tools,
     drive,
     parse_decision,
@@ -67,6 +68,7 @@ def ipybox_tool(
     timeout: float | None = None,
     catalogue: Catalogue = "auto",
     search_tool: str | None = None,
+    secret: bytes | None = None,
 ) -> FunctionTool:
     """A function tool that runs the model's Python code in the executor's kernel.
 
@@ -94,6 +96,12 @@ def ipybox_tool(
             ``"summary"`` forces one.
         search_tool: The name of an `ipybox_search_tool` the agent also has; a summary points to
             it (else to the search in kernel code). `ipybox_tools` sets it.
+        secret: Durable approvals, with ``approval="interrupt"`` (the executor's kernel must be a
+            `GatewayKernel`): at each interruption the code action is suspended
+            (`CodeExecutor.suspend`, held ``ttl`` seconds) and its locator kept in the nested
+            call's id, which the `RunState` keeps; a run restored from ``to_string()`` in any
+            process with the same secret resumes the action there, once. At least 32 random bytes,
+            the same on every worker. None: the action waits in this process.
 
     Returns:
         The tool. Its output is the code's text output (a clean traceback when it raised), plus the
@@ -103,6 +111,7 @@ def ipybox_tool(
         description = describe_tools(
             executor.tools_dir, catalogue=catalogue, search_tool=search_tool, skills_dir=executor.skills_dir
         ).text
+    durable = Durable.of(secret, ttl)
     if approval == "interrupt":
         return interrupting_tool(
             executor,
@@ -112,7 +121,10 @@ def ipybox_tool(
             on_output=on_output,
             ttl=ttl,
             timeout=timeout,
+            durable=durable,
         )
+    if durable is not None:
+        raise UsageError('durable approvals (secret=...) need approval="interrupt": only interruptions are stored')
     if approval is not None and not callable(approval):
         raise UsageError(f"approval must be 'interrupt', a callable or None, got {approval!r}")
     return _waiting_tool(

@@ -46,9 +46,27 @@ from agents.tool_context import ToolContext
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from pydantic import ValidationError
 
-from ipybox import ApprovalDecision, ApprovalRequest, CodeExecutor, Execution, ExecutionLost, UsageError
+from ipybox import (
+    ApprovalDecision,
+    ApprovalRequest,
+    CodeExecutor,
+    Execution,
+    ExecutionLost,
+    InvalidLocator,
+    UsageError,
+)
 from ipybox._approval._rendering import safe_json
-from ipybox.integrations._core import ActionOutcome, ApprovalPayload, drive, start_or_attach
+from ipybox.integrations._core import (
+    ActionOutcome,
+    ApprovalPayload,
+    Decide,
+    Durable,
+    Suspended,
+    answering,
+    drive,
+    start_or_attach,
+    suspending,
+)
 from ipybox_kernel._search import tool_index
 
 from ._shared import CodeArgs, NeedsApproval, OutputHandler, action_step_span, output_sink, tool_output
@@ -56,7 +74,9 @@ from ._shared import CodeArgs, NeedsApproval, OutputHandler, action_step_span, o
 __all__ = ("interrupting_tool",)
 
 _KEY_PREFIX = "openai-agents:"
-# Separates the execution key from the request id in a nested call id ("<key>|<request id>").
+# Separates the execution key from the request id in a nested call id ("<key>|<request id>"), and
+# with durable approvals from the suspended action's locator ("<key>|<request id>|<locator>"): the
+# RunState keeps call ids, and none of the three has a "|".
 _SEP = "|"
 # Each MCP call is one turn of the nested run; the SDK's default of 10 turns would end long actions.
 _MAX_MCP_CALLS = 10_000
@@ -71,8 +91,14 @@ _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 # Outer tool calls whose code action was handed over to a nested run (bounded, oldest dropped).
 _handed_over: OrderedDict[str, None] = OrderedDict()
-# The key of the execution a new nested run takes over instead of starting one.
-_handoff: contextvars.ContextVar[str | None] = contextvars.ContextVar("ipybox_openai_agents_handoff", default=None)
+# Nested calls of suspended actions whose approval gate ran in this process (approved): the nested
+# model reads them as the approval when it resumes the action (bounded, oldest dropped).
+_approved_suspended: OrderedDict[str, None] = OrderedDict()
+# The key of the execution a new nested run takes over instead of starting one, with the request it
+# stopped at when it was suspended (durable approvals: there is no execution here to re-walk).
+_handoff: contextvars.ContextVar[tuple[str, ApprovalPayload | None] | None] = contextvars.ContextVar(
+    "ipybox_openai_agents_handoff", default=None
+)
 _tool_context: contextvars.ContextVar[ToolContext[Any] | None] = contextvars.ContextVar(
     "ipybox_openai_agents_tool_context", default=None
 )
@@ -87,10 +113,11 @@ def interrupting_tool(
     on_output: OutputHandler | None,
     ttl: float | None,
     timeout: float | None,
+    durable: Durable | None = None,
 ) -> FunctionTool:
     """The nested kernel-driver agent as a tool: MCP approvals become the outer run's interruptions."""
     calls = {**_call_names(executor.tools_dir), **_builtin_call_names(executor)}
-    driver = _KernelDriver(executor, calls, on_output=on_output, ttl=ttl, timeout=timeout)
+    driver = _KernelDriver(executor, calls, on_output=on_output, ttl=ttl, timeout=timeout, durable=durable)
     kernel = Agent[Any](
         name="ipybox kernel",
         tools=[
@@ -131,7 +158,7 @@ def interrupting_tool(
             _handed_over[ctx.tool_call_id] = None
             while len(_handed_over) > _HANDED_OVER:
                 _handed_over.popitem(last=False)
-            handoff = _handoff.set(key)
+            handoff = _handoff.set((key, step if step.locator is not None else None))
             try:
                 return await invoke(ctx, arguments)
             finally:
@@ -191,7 +218,13 @@ def _approval_gate(executor: CodeExecutor, call_name: str, description: str) -> 
     and lets the paused call run."""
 
     async def approved(ctx: ToolContext[Any], arguments: str) -> str:
-        key, request_id = _split_call_id(ctx.tool_call_id)
+        key, request_id, locator = _split_call_id(ctx.tool_call_id)
+        if locator is not None:
+            # A suspended action: the nested model resumes it from the locator, approved.
+            _approved_suspended[ctx.tool_call_id] = None
+            while len(_approved_suspended) > _HANDED_OVER:
+                _approved_suspended.popitem(last=False)
+            return "approved"
         try:
             executor.attach(key).approval(request_id).decide(ApprovalDecision(approved=True, by="adapter"))
         except ExecutionLost:
@@ -208,9 +241,11 @@ def _approval_gate(executor: CodeExecutor, call_name: str, description: str) -> 
     )
 
 
-def _split_call_id(call_id: str) -> tuple[str, str]:
-    key, _, request_id = call_id.rpartition(_SEP)
-    return key, request_id
+def _split_call_id(call_id: str) -> tuple[str, str, str | None]:
+    """(key, request id, locator or None) of a nested call id."""
+    key, _, rest = call_id.partition(_SEP)
+    request_id, sep, locator = rest.partition(_SEP)
+    return key, request_id, locator if sep else None
 
 
 @dataclass
@@ -268,8 +303,10 @@ class _KernelDriver(Model):
         on_output: OutputHandler | None,
         ttl: float | None,
         timeout: float | None,
+        durable: Durable | None = None,
     ) -> None:
         self._executor = executor
+        self._durable = durable
         self._calls = calls
         self._on_output = on_output
         self._ttl = ttl
@@ -299,10 +336,15 @@ class _KernelDriver(Model):
                 handed_over = _handoff.get()
                 if handed_over is None:
                     return self._respond(*await self._start(_text(_field(items[0], "content"))))
-                key, execution = handed_over, self._executor.attach(handed_over)
+                key, suspended = handed_over
+                if suspended is not None:
+                    return self._respond(key, suspended)
+                execution = self._executor.attach(key)
             else:
-                key = _split_call_id(str(asked[0]))[0]
+                key, _, locator = _split_call_id(str(asked[0]))
                 _busy(self._executor).paused.pop(key, None)
+                if locator is not None and self._durable is not None:
+                    return self._respond(key, await self._resume(key, str(asked[0]), locator, items, self._durable))
                 try:
                     execution = self._executor.attach(key)
                     # A call output whose request is still open was rejected (an approved one ran its
@@ -318,6 +360,28 @@ class _KernelDriver(Model):
                 except ExecutionLost as exc:
                     return self._respond(key, ActionOutcome.lost(exc))
             return self._respond(key, await self._advance(key, execution, resumed=True))
+
+    async def _resume(
+        self, key: str, call_id: str, locator: str, items: list[Any], durable: Durable
+    ) -> ActionOutcome | ApprovalPayload:
+        """Resume a suspended action from the locator its nested call carried, with the run's answer:
+        approved if its gate ran here, else rejected with the call's output (the rejection message)."""
+        if call_id in _approved_suspended:
+            del _approved_suspended[call_id]
+            decision = ApprovalDecision(approved=True)
+        else:
+            outputs = [_field(i, "output") for i in items if _field(i, "type") == "function_call_output"]
+            decision = ApprovalDecision(approved=False, reason=_text(outputs[-1]) if outputs else None)
+        try:
+            execution = durable.resume(self._executor, locator, key)
+        except InvalidLocator as exc:
+            return ActionOutcome(text=f"refused to resume the code action, nothing was run: {exc}", error=exc)
+        except ExecutionLost as exc:
+            return ActionOutcome.lost(exc)
+        with action_step_span(execution, resumed=True) as ended:
+            step = await self._step(key, execution, first=decision)
+            ended(step)
+        return step
 
     async def begin(self, code: str) -> tuple[str, ActionOutcome | ApprovalPayload]:
         """Start a code action outside a nested run, and run it to its first approval or its end."""
@@ -347,11 +411,22 @@ class _KernelDriver(Model):
             ended(step)
         return step
 
-    async def _step(self, key: str, execution: Execution) -> ActionOutcome | ApprovalPayload:
+    async def _step(
+        self, key: str, execution: Execution, *, first: ApprovalDecision | None = None
+    ) -> ActionOutcome | ApprovalPayload:
         sink = output_sink(self._on_output, _tool_context.get())
+        decide: Decide = _ask
+        if self._durable is not None:
+            decide = suspending(self._executor, execution, self._durable, _ask)
+        if first is not None:
+            decide = answering(first, decide)
         while True:
             try:
-                return await drive(execution, _ask, on_output=sink)
+                return await drive(execution, decide, on_output=sink)
+            except Suspended as suspended:
+                # Nothing to hold here: the kernel went with the action, and its locator goes in the
+                # nested call's id, which the RunState keeps.
+                return suspended.payload
             except _Ask as ask:
                 if _call_name(ask.payload.server, ask.payload.tool) in self._calls:
                     _busy(self._executor).paused[key] = execution
@@ -370,6 +445,8 @@ class _KernelDriver(Model):
 
     def _call(self, key: str, call_name: str, payload: ApprovalPayload) -> ModelResponse:
         call_id = f"{key}{_SEP}{payload.request_id}"
+        if payload.locator is not None:
+            call_id += f"{_SEP}{payload.locator}"
         # Whole, and escaped like every approval text: an approval UI shows this string as it is.
         arguments = safe_json(payload.to_json()["args"])
         call = ResponseFunctionToolCall(
