@@ -34,6 +34,7 @@ __all__ = (
     "CallSite",
     "InProcess",
     "call_executor",
+    "note_unmarked",
     "round_trip",
     "set_output_mark",
 )
@@ -119,10 +120,22 @@ _async_executor: ThreadPoolExecutor | None = None
 _output_mark: Callable[[str | None], int | None] | None = None
 
 
+# The execution whose calls the host said need no output mark (a reply's "unmarked": nobody is shown
+# them). Execution ids are unique, so one in-process kernel's cannot stand for another's.
+_unmarked: str | None = None
+
+
 def set_output_mark(mark: Callable[[str | None], int | None]) -> None:
     """Call ``mark(execution)`` before each request is sent and send the mark it returns with it."""
     global _output_mark
     _output_mark = mark
+
+
+def note_unmarked(execution: str) -> None:
+    """The host said the calls of ``execution`` need no output mark: from now on none is made for
+    them (no flush of the output before each call either)."""
+    global _unmarked
+    _unmarked = execution
 
 
 def _after_fork() -> None:
@@ -267,7 +280,7 @@ def round_trip(
     mark = None
     # A stream that cannot send (closed at shutdown) must not fail the call: it goes on, unordered.
     with contextlib.suppress(Exception):
-        mark = output_mark(execution) if output_mark is not None else None
+        mark = output_mark(execution) if output_mark is not None and execution != _unmarked else None
     if mark is not None:
         request["mark"] = mark
     try:
