@@ -189,10 +189,11 @@ def _kernel_execution() -> tuple[Any, str | None]:
     execution it belongs to (see `_calling_execution`)."""
     from ._context import execution_of
 
-    ipython = sys.modules.get("IPython")
+    # Not IPython.get_ipython: a lazy attribute of the package, imported again on every access.
+    getipython = sys.modules.get("IPython.core.getipython")
     try:
         # In an in-process kernel's cell, the process's IPython (if any) is the host's, not the kernel.
-        kernel = None if IN_PROCESS.get() is not None else ipython.get_ipython().kernel  # pyright: ignore[reportOptionalMemberAccess]
+        kernel = None if IN_PROCESS.get() is not None else getipython.get_ipython().kernel  # pyright: ignore[reportOptionalMemberAccess]
     except AttributeError:
         kernel = None
     msg_id = kernel_setting(EXECUTION_ENV) if kernel is None else execution_of(kernel, inherited=False)

@@ -52,7 +52,7 @@ class _Connection:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.pid = os.getpid()
+        self.pid = _pid
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.sock.connect(path)
@@ -63,7 +63,7 @@ class _Connection:
 
     def reusable(self) -> bool:
         """Still ours and open: the host has not closed it and sent nothing unasked."""
-        if self.pid != os.getpid():
+        if self.pid != _pid:
             return False
         try:
             self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
@@ -111,6 +111,8 @@ class Abort:
 # Built once: json.dumps with any option set builds a new encoder on every call.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
+# This process's id, kept up to date at fork: os.getpid() is a system call on every use.
+_pid = os.getpid()
 _pool: list[_Connection] = []
 _pool_lock = threading.Lock()
 _seq = itertools.count(1)
@@ -140,7 +142,8 @@ def note_unmarked(execution: str) -> None:
 
 def _after_fork() -> None:
     # A forked child must not share its parent's connections, nor inherit a lock held by another thread.
-    global _pool_lock, _async_executor
+    global _pool_lock, _async_executor, _pid
+    _pid = os.getpid()
     _pool_lock = threading.Lock()
     for connection in _pool:
         connection.close()  # closes the child's copies only; the parent's connections stay open
@@ -184,7 +187,7 @@ def close_connections(path: str) -> None:
 
 def _checkin(connection: _Connection) -> None:
     with _pool_lock:
-        if len(_pool) < _IDLE_CONNECTIONS and connection.pid == os.getpid():
+        if len(_pool) < _IDLE_CONNECTIONS and connection.pid == _pid:
             _pool.append(connection)
             return
     connection.close()
