@@ -18,8 +18,11 @@ times whole calls from a real kernel; this one takes the path apart, with no ker
   through the generated module (``get_sum.run(get_sum.Params(...))``) as kernel code does.
 - ``kernel``: the same calls timed inside a `CodeExecutor`'s kernel (default sandbox,
   ``approval="auto"``): an unknown server (answered before the gate), the ``ipybox`` built-in
-  refusing empty arguments (after the gate), the same after a ``print()`` (the output is flushed and
-  marked before the request, ipybox_kernel._marks), the stub and the generated module.
+  refusing empty arguments (after the gate), the same after a ``print()``, the stub and the
+  generated module. Under ``"auto"`` nobody is shown a call, so after the first reply says
+  ``"unmarked"`` the kernel no longer flushes and marks its output before each call; the last row
+  is the ``print()`` again under ``ApprovalRules`` that approve the built-in, where each call's output
+  is flushed and marked before its request (ipybox_kernel._marks).
 
 Everything is reported as medians in ms over ``--calls`` calls after a warm-up.
 """
@@ -42,7 +45,7 @@ from typing import Any
 import anyio
 from mcp import types as mcp_types
 
-from ipybox import CodeExecutor, generate_mcp_sources
+from ipybox import ApprovalRules, CodeExecutor, generate_mcp_sources
 from ipybox._approval._decisions import ApprovalDecision, ApprovalRequest
 from ipybox._approval._policies import decide_by_policy
 from ipybox._mcp._schemacheck import schema_problem
@@ -286,6 +289,11 @@ print(_json.dumps({{
 }}))
 """
 
+# The print() row again under rules that may ask: each call's output is flushed and marked first.
+_MARKED_CELL = """
+print(_json.dumps({{"kernel: print(), built-in, marked": _median_ms(_printed_builtin, {calls})}}))
+"""
+
 
 async def in_kernel(calls: int, work: Path) -> dict[str, float]:
     """The same calls from kernel code, in a CodeExecutor's sandboxed kernel."""
@@ -294,7 +302,11 @@ async def in_kernel(calls: int, work: Path) -> dict[str, float]:
         await generate_mcp_sources("everything", _everything(), tools)
     async with CodeExecutor(workspace=work, tools_dir=tools, approval="auto") as executor:
         result = await executor.execute(_KERNEL_CELL.format(calls=calls, warmup=WARMUP))
-    rows: dict[str, float] = json.loads(result.text.strip().splitlines()[-1])
+        rows: dict[str, float] = json.loads(result.text.strip().splitlines()[-1])
+        # Last: code run under "auto" before may run under any later policy, not the other way round.
+        rules = ApprovalRules(allow=["ipybox.install_package"])
+        marked = await executor.execute(_MARKED_CELL.format(calls=calls), approval=rules)
+        rows.update(json.loads(marked.text.strip().splitlines()[-1]))
     return rows
 
 

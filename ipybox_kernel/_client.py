@@ -22,7 +22,7 @@ from ._errors import (
     ToolOutput,
 )
 from ._protocol import EXECUTION_ENV, ErrorKind
-from ._transport import IN_PROCESS, Abort, CallSite, call_executor, kernel_setting, round_trip
+from ._transport import IN_PROCESS, Abort, CallSite, call_executor, kernel_setting, note_unmarked, round_trip
 
 __all__ = ("acall_tool", "call_tool")
 
@@ -45,8 +45,9 @@ def call_tool(server_name: str, tool_name: str, arguments: dict[str, Any] | None
         ToolCallRejected: The application rejected the call.
         ToolCallError: The call failed; the subclass says how.
     """
-    line = round_trip(server_name, tool_name, arguments, _calling_execution(server_name, tool_name), None, call_site())
-    output = _parse_reply(server_name, tool_name, line)
+    execution = _calling_execution(server_name, tool_name)
+    line = round_trip(server_name, tool_name, arguments, execution, None, call_site())
+    output = _parse_reply(server_name, tool_name, line, execution)
     _display_images(output)
     return output
 
@@ -72,7 +73,7 @@ async def acall_tool(server_name: str, tool_name: str, arguments: dict[str, Any]
 
     def work() -> ToolOutput:
         line = context.run(round_trip, server_name, tool_name, arguments, execution, abort, site)
-        return _parse_reply(server_name, tool_name, line)
+        return _parse_reply(server_name, tool_name, line, execution)
 
     future = loop.run_in_executor(call_executor(), work)
     try:
@@ -84,7 +85,7 @@ async def acall_tool(server_name: str, tool_name: str, arguments: dict[str, Any]
     return output
 
 
-def _parse_reply(server_name: str, tool_name: str, line: bytes) -> ToolOutput:
+def _parse_reply(server_name: str, tool_name: str, line: bytes, execution: str | None = None) -> ToolOutput:
     try:
         reply: Any = json.loads(line)
     except ValueError:
@@ -92,6 +93,8 @@ def _parse_reply(server_name: str, tool_name: str, line: bytes) -> ToolOutput:
     if not isinstance(reply, dict):
         raise ToolCallError(server_name, tool_name, "the tool server sent a reply that is not a JSON object")
     fields: dict[str, Any] = reply  # pyright: ignore[reportUnknownVariableType]
+    if execution is not None and fields.get("unmarked") is True:
+        note_unmarked(execution)
     if fields.get("ok") is True:
         return ToolOutput(
             structured=fields.get("structured"),
@@ -186,10 +189,11 @@ def _kernel_execution() -> tuple[Any, str | None]:
     execution it belongs to (see `_calling_execution`)."""
     from ._context import execution_of
 
-    ipython = sys.modules.get("IPython")
+    # Not IPython.get_ipython: a lazy attribute of the package, imported again on every access.
+    getipython = sys.modules.get("IPython.core.getipython")
     try:
         # In an in-process kernel's cell, the process's IPython (if any) is the host's, not the kernel.
-        kernel = None if IN_PROCESS.get() is not None else ipython.get_ipython().kernel  # pyright: ignore[reportOptionalMemberAccess]
+        kernel = None if IN_PROCESS.get() is not None else getipython.get_ipython().kernel  # pyright: ignore[reportOptionalMemberAccess]
     except AttributeError:
         kernel = None
     msg_id = kernel_setting(EXECUTION_ENV) if kernel is None else execution_of(kernel, inherited=False)

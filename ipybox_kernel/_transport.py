@@ -35,6 +35,7 @@ __all__ = (
     "CallSite",
     "InProcess",
     "call_executor",
+    "note_unmarked",
     "round_trip",
     "set_output_mark",
 )
@@ -52,7 +53,7 @@ class _Connection:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.pid = os.getpid()
+        self.pid = _pid
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.sock.connect(path)
@@ -63,7 +64,7 @@ class _Connection:
 
     def reusable(self) -> bool:
         """Still ours and open: the host has not closed it and sent nothing unasked."""
-        if self.pid != os.getpid():
+        if self.pid != _pid:
             return False
         try:
             self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
@@ -111,6 +112,8 @@ class Abort:
 # Built once: json.dumps with any option set builds a new encoder on every call.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
+# This process's id, kept up to date at fork: os.getpid() is a system call on every use.
+_pid = os.getpid()
 _pool: list[_Connection] = []
 _pool_lock = threading.Lock()
 _seq = itertools.count(1)
@@ -120,15 +123,28 @@ _async_executor: ThreadPoolExecutor | None = None
 _output_mark: Callable[[str | None], int | None] | None = None
 
 
+# The execution whose calls the host said need no output mark (a reply's "unmarked": nobody is shown
+# them). Execution ids are unique, so one in-process kernel's cannot stand for another's.
+_unmarked: str | None = None
+
+
 def set_output_mark(mark: Callable[[str | None], int | None]) -> None:
     """Call ``mark(execution)`` before each request is sent and send the mark it returns with it."""
     global _output_mark
     _output_mark = mark
 
 
+def note_unmarked(execution: str) -> None:
+    """The host said the calls of ``execution`` need no output mark: from now on none is made for
+    them (no flush of the output before each call either)."""
+    global _unmarked
+    _unmarked = execution
+
+
 def _after_fork() -> None:
     # A forked child must not share its parent's connections, nor inherit a lock held by another thread.
-    global _pool_lock, _async_executor
+    global _pool_lock, _async_executor, _pid
+    _pid = os.getpid()
     _pool_lock = threading.Lock()
     for connection in _pool:
         connection.close()  # closes the child's copies only; the parent's connections stay open
@@ -172,7 +188,7 @@ def close_connections(path: str) -> None:
 
 def _checkin(connection: _Connection) -> None:
     with _pool_lock:
-        if len(_pool) < _IDLE_CONNECTIONS and connection.pid == os.getpid():
+        if len(_pool) < _IDLE_CONNECTIONS and connection.pid == _pid:
             _pool.append(connection)
             return
     connection.close()
@@ -268,7 +284,7 @@ def round_trip(
     mark = None
     # A stream that cannot send (closed at shutdown) must not fail the call: it goes on, unordered.
     with contextlib.suppress(Exception):
-        mark = output_mark(execution) if output_mark is not None else None
+        mark = output_mark(execution) if output_mark is not None and execution != _unmarked else None
     if mark is not None:
         request["mark"] = mark
     try:

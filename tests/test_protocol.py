@@ -19,8 +19,8 @@ import ipybox_kernel
 from ipybox._gateway._push import setup_cells
 from ipybox._toolserver import _channel
 from ipybox._toolserver._boundary import ToolCallFailed
-from ipybox._toolserver._channel import ToolErrorReply, encode_reply
-from ipybox_kernel import _protocol
+from ipybox._toolserver._channel import ToolErrorReply, ToolResultReply, encode_reply
+from ipybox_kernel import _protocol, _transport
 from ipybox_kernel._client import _parse_reply
 from ipybox_kernel._errors import ERROR_TYPES, ToolCallError
 
@@ -51,6 +51,26 @@ def test_a_kind_outside_the_contract_is_refused_by_the_host_and_generic_in_the_k
     with pytest.raises(ToolCallError) as caught:
         _parse_reply("srv", "tool", b'{"seq": 1, "ok": false, "error": "not_a_kind", "message": "m"}\n')
     assert type(caught.value) is ToolCallError and caught.value.message == "m"
+
+
+def test_an_unmarked_reply_reads_the_same_and_spares_only_that_executions_marks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_transport, "_unmarked", None)
+    result = ToolResultReply(seq=3, structured={"x": 1}, text="t", content=[{"type": "text", "text": "t"}])
+    plain, unmarked = encode_reply(result), encode_reply(result, unmarked=True)
+    assert unmarked.endswith(b',"unmarked":true}\n') and unmarked.count(b"\n") == 1
+    assert _parse_reply("srv", "tool", plain, "cell-1") == _parse_reply("srv", "tool", unmarked, None)
+    assert _transport._unmarked is None  # no execution named, nothing noted
+    _parse_reply("srv", "tool", plain, "cell-1")
+    assert _transport._unmarked is None
+    _parse_reply("srv", "tool", unmarked, "cell-1")
+    assert _transport._unmarked == "cell-1"
+    with pytest.raises(ToolCallError):
+        _parse_reply(
+            "srv", "tool", encode_reply(ToolErrorReply(seq=4, error="rejected", message="m"), unmarked=True), "cell-2"
+        )
+    assert _transport._unmarked == "cell-2"
 
 
 def test_the_contract_is_standard_library_only() -> None:

@@ -95,3 +95,110 @@ def test_many_listed_schemas_do_not_grow_the_shared_cache_past_its_bound() -> No
         value_problem({**strict_schema(), "title": f"tool {i}"}, {"count": 1})
     shared = _schemacheck._CHECKS
     assert len(shared) <= shared.max_entries and shared.chars <= shared.max_chars
+
+
+# Schemas that say only types, keys and required keys: checked by their shape first.
+SHAPED: list[dict[str, Any]] = [
+    {
+        "type": "object",
+        "properties": {"a": {"type": "integer", "title": "A"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+        "title": "addArguments",
+    },
+    {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    },
+    {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": ["string", "null"]}},
+            "inner": {"type": "object", "properties": {"on": {"type": "boolean"}}, "additionalProperties": False},
+            "any": {},
+        },
+    },
+]
+# Values of every JSON type and some Python ones a JSON parser never makes, in the places above.
+VALUES: list[object] = [
+    0,
+    1,
+    -3,
+    1.0,
+    1.5,
+    float("nan"),
+    True,
+    False,
+    None,
+    "1",
+    "",
+    [],
+    [1],
+    ["x", None],
+    {},
+    {"on": True},
+]
+
+
+def _objects() -> list[object]:
+    out: list[object] = [None, [], "x", {}, {"c": 1}, {1: 2}]
+    for value in VALUES:
+        for other in VALUES[:6]:
+            out += [{"a": value, "b": other}, {"a": value}, {"a": other, "b": value, "c": 0}]
+            out += [{"tags": value, "inner": other}, {"inner": value}, {"tags": [value, other]}, {"any": value}]
+            out += [{"inner": {"on": value}}, {"inner": {"on": True, "off": value}}]
+    return out
+
+
+def test_a_shape_check_gives_the_validators_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value the shape lets through is one the validator lets through; every other one gets the
+    validator's own verdict and message."""
+    values = _objects()
+
+    def verdict(schema: Mapping[str, Any], value: object) -> str | None:
+        return schema_problem(schema, value, "output", "the structured result")
+
+    verdicts = [[verdict(schema, value) for value in values] for schema in SHAPED]
+    assert all(_schemacheck._CHECKS.get(schema).shape is not None for schema in SHAPED)
+
+    def no_shape(schema: object) -> None:
+        return None
+
+    monkeypatch.setattr(_schemacheck, "_shape", no_shape)
+    forget_schemas(SHAPED)
+    assert all(_schemacheck._CHECKS.get(schema).shape is None for schema in SHAPED)
+    assert verdicts == [[verdict(schema, value) for value in values] for schema in SHAPED]
+    # Among them: JSON keeps booleans from numbers, and a closed object refuses other keys.
+    assert verdict(SHAPED[0], {"a": True, "b": 0}) == "[\"a\"]: True is not of type 'integer'"
+    assert verdict(SHAPED[1], {"a": 1, "b": 0, "c": 0}) is not None
+
+
+def test_a_schema_that_says_more_than_a_shape_is_checked_by_the_validator_alone() -> None:
+    draft3 = "http://json-schema.org/draft-03/schema#"
+    draft4 = "http://json-schema.org/draft-04/schema#"
+    schemas: list[dict[str, Any]] = [
+        strict_schema(),  # maximum, pattern
+        {"type": "object", "properties": {"x": {"enum": [1, 2]}}},
+        {"type": "object", "properties": {"x": {"$ref": "#/$defs/x"}}, "$defs": {"x": {"type": "integer"}}},
+        {"type": "object", "additionalProperties": {"type": "integer"}},
+        {"type": "array", "items": [{"type": "integer"}]},  # a tuple of items, before 2020-12
+        {"type": "object", "properties": {"x": False}},
+        {"$schema": draft3, "type": "object", "properties": {"x": {"required": True}}},
+        {"type": []},
+        {"type": "object", "properties": {"x": {"type": "integer", "$schema": draft4}}},
+    ]
+    for schema in schemas:
+        assert _schemacheck._CHECKS.get(schema).shape is None, schema
+
+
+def test_a_value_too_large_for_a_shape_check_is_left_to_the_validators_budget() -> None:
+    schema = {"type": "object", "properties": {"xs": {"type": "array", "items": {"type": "integer"}}}}
+    assert value_problem(schema, {"xs": list(range(_schemacheck._SHAPE_NODES))}) is None
+    assert "took more than ipybox allows" in str(value_problem(schema, {"xs": list(range(_schemacheck.MAX_STEPS))}))
+    assert (
+        value_problem(schema, {"xs": [*range(_schemacheck._SHAPE_NODES), True]})
+        == "[\"xs\"][1000]: True is not of type 'integer'"
+    )

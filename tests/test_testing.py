@@ -159,6 +159,31 @@ async def test_generated_modules_call_the_real_tool_server_and_each_call_is_aske
     assert seen == ["asking a", "request a", "asking b", "request b"]
 
 
+async def test_calls_nobody_is_shown_are_told_to_skip_marks_and_their_output_still_arrives(
+    executor: CodeExecutor,
+) -> None:
+    # Under "auto" the host says so in the first reply, and the kernel stops flushing and marking
+    # its output before that execution's calls; under "ask" every call keeps its mark.
+    code = (
+        "from mcptools.test import greet\n"
+        "from ipybox_kernel import _client, _transport\n"
+        "for name in ('a', 'b', 'c'):\n"
+        "    print('asking', name)\n"
+        "    greet.run({'name': name})\n"
+        "print('unmarked', _transport._unmarked == _client._calling_execution('test', 'greet'))"
+    )
+    auto = await executor.execute(code, approval="auto")
+    assert auto.text == "asking a\nasking b\nasking c\nunmarked True\n"
+    seen: list[str] = []
+    async for event in executor.execute(code, approval="ask"):
+        if isinstance(event, ApprovalRequest):
+            seen.append(f"request {event.tool_args['name']}")
+            await event.accept()
+        elif isinstance(event, CodeExecutionChunk):
+            seen.extend(line for line in event.text.splitlines() if line.startswith(("asking", "unmarked")))
+    assert seen == ["asking a", "request a", "asking b", "request b", "asking c", "request c", "unmarked False"]
+
+
 async def test_the_cells_working_directory_is_the_workspace(executor: CodeExecutor) -> None:
     await executor.execute("with open('here.txt', 'w') as f:\n    f.write('x')")
     assert (executor.workspace / "here.txt").read_text() == "x"

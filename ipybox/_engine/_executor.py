@@ -263,6 +263,7 @@ class CodeExecutor:
             elicitation=self._gate.elicitation,
             features=self._client_features,
             trace_context=self._gate.trace_context,
+            unmarked=self._gate.unmarked,
         )
         self._tools.register_builtin(
             BUILTIN_SERVER, "install_package", self._install_from_kernel, input_schema=_INSTALL_SCHEMA

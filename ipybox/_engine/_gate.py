@@ -165,6 +165,14 @@ class ApprovalGate:
         call. Taken once; dropped when the execution ends."""
         self._presets[_preset_key(call)] = decision
 
+    def unmarked(self, call: ToolRequest) -> bool:
+        """Whether the running execution's later calls may come without an output mark: ``call`` is
+        its own, and its policy is ``"auto"``, which never shows a call to anyone (the `ToolServer`
+        tells the kernel so in the reply, and the kernel then skips flushing and marking its output
+        before each call: ipybox_kernel._marks)."""
+        driver = self._driver
+        return driver is not None and call.execution == self._msg_id and self._policy_of(driver) == "auto"
+
     def running_id(self) -> str | None:
         """The id of the execution that runs now, if one does."""
         return self._driver.execution.id if self._driver is not None else None

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Generator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -29,6 +29,8 @@ import anyio
 from ._tokenstore import FileTokenStore, TokenStore
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     import httpx2
 
     from ._servers import HttpServer
@@ -151,15 +153,28 @@ class PausableDeadline:
 _deadline: ContextVar[PausableDeadline | None] = ContextVar("ipybox_oauth_deadline", default=None)
 
 
-@contextmanager
-def pausable_deadline(seconds: float | None) -> Generator[anyio.CancelScope]:
+def pausable_deadline(seconds: float | None) -> AbstractContextManager[anyio.CancelScope]:
     """A cancel scope whose deadline (``seconds`` from now) stands still while a person authorizes."""
-    with anyio.CancelScope() as scope:
-        token = _deadline.set(PausableDeadline(scope, seconds))
-        try:
-            yield scope
-        finally:
-            _deadline.reset(token)
+    return _PausableScope(seconds)
+
+
+class _PausableScope(AbstractContextManager[anyio.CancelScope]):
+    """`pausable_deadline`: a class rather than a generator, since every tool call enters one."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self._seconds = seconds
+        self._scope = anyio.CancelScope()
+        self._token: Token[PausableDeadline | None] | None = None
+
+    def __enter__(self) -> anyio.CancelScope:
+        scope = self._scope.__enter__()
+        self._token = _deadline.set(PausableDeadline(scope, self._seconds))
+        return scope
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        if self._token is not None:
+            _deadline.reset(self._token)
+        return bool(self._scope.__exit__(kind, exc, tb))
 
 
 def current_deadline() -> PausableDeadline | None:

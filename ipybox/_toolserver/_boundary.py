@@ -10,8 +10,7 @@ catches `ToolCallFailed` and looks at ``kind``, never at foreign exception types
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import cast
 
 import anyio
@@ -73,8 +72,7 @@ class ToolCallFailed(IpyboxError):
         )
 
 
-@contextmanager
-def tool_errors(what: str) -> Generator[None]:
+def tool_errors(what: str) -> AbstractContextManager[None]:
     """Turn any exception raised inside into `ToolCallFailed` whose message starts with ``what``.
 
     A connection that ended (the server exited, the stream broke) is ``server_crashed``; an error
@@ -85,13 +83,23 @@ def tool_errors(what: str) -> Generator[None]:
     Args:
         what: The call or step, e.g. ``"github.search_issues"``; starts every message.
     """
-    try:
-        yield
-    except ToolCallFailed:
-        raise
-    except Exception as caught:
+    return _ToolErrors(what)
+
+
+class _ToolErrors(AbstractContextManager[None]):
+    """`tool_errors`: a class rather than a generator, since every tool call enters several (a
+    generator's context manager costs a generator and two resumptions each)."""
+
+    __slots__ = ("_what",)
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def __exit__(self, kind: type[BaseException] | None, caught: BaseException | None, tb: object) -> bool:
+        if caught is None or isinstance(caught, ToolCallFailed) or not isinstance(caught, Exception):
+            return False
         exc = _leaf(caught)
-        raise _translate(what, exc) from exc
+        raise _translate(self._what, exc) from exc
 
 
 def _leaf(exc: Exception) -> BaseException:

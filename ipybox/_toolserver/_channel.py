@@ -18,6 +18,11 @@ A reply is either a result or an error of one of the `ErrorKind` kinds::
     {"seq": 7, "ok": true, "structured": {...} | null, "text": "...", "content": [...]}
     {"seq": 7, "ok": false, "error": "rejected", "message": "...", "reason": "..."}
 
+Either may end with ``"unmarked": true``: nobody is shown the calls of the request's execution (its
+policy is ``"auto"``), so its later requests need no ``mark``, and the kernel stops flushing and
+marking its output before them. It only spares the kernel work; a request is answered the same with
+or without a mark.
+
 The names, limits and error kinds both sides share are written once, in ``ipybox_kernel._protocol``
 (standard library only), which the kernel uses and this module imports.
 """
@@ -99,6 +104,7 @@ class ToolErrorReply(BaseModel):
     """For ``server_start`` and ``server_crashed``: the last lines the server wrote to stderr."""
 
 
-def encode_reply(reply: ToolResultReply | ToolErrorReply) -> bytes:
-    """The reply as one line of JSON, newline included."""
-    return reply.model_dump_json(exclude_none=isinstance(reply, ToolErrorReply)).encode() + b"\n"
+def encode_reply(reply: ToolResultReply | ToolErrorReply, *, unmarked: bool = False) -> bytes:
+    """The reply as one line of JSON, newline included; with ``"unmarked": true`` when ``unmarked``."""
+    data = reply.model_dump_json(exclude_none=isinstance(reply, ToolErrorReply)).encode()
+    return data[:-1] + b',"unmarked":true}\n' if unmarked else data + b"\n"

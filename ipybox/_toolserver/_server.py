@@ -152,6 +152,9 @@ class ToolServer:
         trace_context: The OpenTelemetry context an approved call is made in (its span's, from
             `ApprovalGate.trace_context`), None for the ambient one: the MCP SDK passes the current
             span on to the server in the request's ``_meta`` (W3C ``traceparent``).
+        unmarked: Whether later calls of a request's execution need no output mark, because nobody
+            is shown them (`ApprovalGate.unmarked`); the reply then says ``"unmarked": true`` and the
+            kernel stops flushing and marking its output before that execution's calls. None: never.
     """
 
     def __init__(
@@ -169,6 +172,7 @@ class ToolServer:
         elicitation: ElicitationAsker | None = None,
         features: ClientFeatures | None = None,
         trace_context: Callable[[ToolRequest], Context | None] | None = None,
+        unmarked: Callable[[ToolRequest], bool] | None = None,
     ) -> None:
         _check_token_strength(token)
         if call_timeout is not None and call_timeout <= 0:
@@ -198,6 +202,7 @@ class ToolServer:
         )
         self._on_finished = on_finished
         self._trace_context = trace_context
+        self._unmarked = unmarked
 
     @property
     def socket_path(self) -> Path:
@@ -379,7 +384,8 @@ class ToolServer:
             if flight.hung_up:
                 return False
             if reply is not None:
-                await connection.send(self._encode(request, reply))
+                unmarked = self._unmarked is not None and self._unmarked(request)
+                await connection.send(self._encode(request, reply, unmarked=unmarked))
             return True
         finally:
             if self._on_finished is not None:
@@ -389,12 +395,14 @@ class ToolServer:
                 result = reply if isinstance(reply, ToolResultReply) and error is None else None
                 await self._on_finished(request, error, result)
 
-    def _encode(self, request: ToolRequest, reply: ToolResultReply | ToolErrorReply) -> bytes:
+    def _encode(
+        self, request: ToolRequest, reply: ToolResultReply | ToolErrorReply, *, unmarked: bool = False
+    ) -> bytes:
         """The reply's line, or an error line when it cannot be sent (too large, not encodable)."""
         name = f"{request.server}.{request.tool}"
         try:
             with tool_errors(f"encoding the result of {name} as JSON"):  # e.g. text that is not valid Unicode
-                data = encode_reply(reply)
+                data = encode_reply(reply, unmarked=unmarked)
         except ToolCallFailed as failed:
             return encode_reply(failed.reply(request.seq))
         if len(data) > self._max_reply_bytes:
