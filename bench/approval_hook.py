@@ -92,6 +92,9 @@ class _Unobserved:
     """The gate's only use of the kernel on this path: its left-behind tasks, here not observable
     (as on a gateway), so the gate measures its own cost and none of reading /proc."""
 
+    # The host sees no thread of this kernel, but no earlier action left one: nothing to state.
+    unseen = False
+
     def live_tasks(self) -> None:
         return None
 

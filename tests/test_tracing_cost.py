@@ -129,6 +129,9 @@ class _Unobserved:
     """The gate's only use of a kernel on this path: its left-behind tasks, not observable here (as on
     a gateway), so that what is counted is the gate's own work."""
 
+    # The host sees no thread of this kernel, but no earlier action left one: nothing to state.
+    unseen = False
+
     def live_tasks(self) -> None:
         return None
 
