@@ -1,7 +1,11 @@
 from __future__ import annotations
 
 import fcntl
-from collections.abc import AsyncGenerator
+import json
+import os
+import resource
+import time
+from collections.abc import AsyncGenerator, Generator
 from pathlib import Path
 
 import pytest
@@ -121,3 +125,28 @@ def ipybox_wheel(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pa
         fcntl.flock(lock, fcntl.LOCK_EX)
         built = sorted((work / "dist").glob("ipybox-*.whl"))
         return built[0] if built else build_wheel(work)
+
+
+# Where the suite's time goes (docs/development.md): with IPYBOX_TEST_CPU=DIR, each worker writes one
+# JSON line per test to DIR: its wall time and the CPU time of this process and of the processes it
+# waited for (kernels, servers, builds), setup and teardown included. CPU time hardly moves with load,
+# so a run on a busy machine still shows which files cost the most.
+_CPU_REPORT = os.environ.get("IPYBOX_TEST_CPU")
+
+
+if _CPU_REPORT:
+
+    def _cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+        wall, cpu = time.monotonic(), _cpu()
+        try:
+            return (yield)
+        finally:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            entry = {"test": item.nodeid, "wall": time.monotonic() - wall, "cpu": _cpu() - cpu}
+            with open(Path(_CPU_REPORT) / f"{worker}.jsonl", "a") as report:
+                report.write(json.dumps(entry) + "\n")
