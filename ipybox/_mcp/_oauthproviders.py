@@ -173,9 +173,15 @@ class _StoreAdapter:
         self.store.save(self.url, record)
 
 
+# A token's expiry at which the SDK counts it as expired (0 or None would count as "never").
+_EXPIRED = 1.0
+_EARLY_REFRESH_SHARE = 0.25
+_EARLY_REFRESH_MAX = 60.0
+
+
 class _IpyboxProvider(OAuthClientProvider):
-    """What ipybox adds to each SDK provider: the stored expiry and token endpoint, and failures
-    that are reported."""
+    """What ipybox adds to each SDK provider: the stored expiry and token endpoint, a refresh before a
+    token runs out and after a live one is refused, and failures that are reported."""
 
     ipybox_failures: AuthFailures
     _stored_server: DiscoveredServer | None = None
@@ -186,6 +192,7 @@ class _IpyboxProvider(OAuthClientProvider):
         if isinstance(storage, _StoreAdapter):
             if storage.expires_at is not None:
                 self.context.token_expiry_time = storage.expires_at
+                self._refresh_if_due()
             self._stored_server = DiscoveredServer.trusted(
                 storage.stored_server,
                 self.context.server_url,
@@ -216,23 +223,59 @@ class _IpyboxProvider(OAuthClientProvider):
         await super()._handle_token_response(response)
 
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
-        flow = super()._auth_flow(request)
-        try:
-            outgoing = await flow.__anext__()
-            while True:
-                response = yield outgoing
-                outgoing = await flow.asend(response)
-        except StopAsyncIteration:
+        refreshed = False
+        while True:
+            self._refresh_if_due()
+            flow = super()._auth_flow(request)
+            try:
+                outgoing = await flow.__anext__()
+                while True:
+                    response = yield outgoing
+                    if (
+                        outgoing is request
+                        and response.status_code == 401
+                        and not refreshed
+                        and self._refreshable(request)
+                    ):
+                        # A token this side still counted as live was refused: the server's clock
+                        # runs ahead, the request arrived as the token expired, or the access token
+                        # alone was revoked. The SDK would ask a person to sign in again; a refresh
+                        # and the same request once more come first (`_refresh_if_due`).
+                        refreshed = True
+                        self.context.token_expiry_time = _EXPIRED
+                        break
+                    outgoing = await flow.asend(response)
+            except StopAsyncIteration:
+                return
+            except Exception as exc:
+                self.ipybox_failures.record(exc)
+                # The SDK's transport would drop this exception and leave the MCP request waiting for
+                # ever; sent again without a token, the server's own refusal answers it now, and the
+                # recorded error says why (`HttpRefusals.explain`).
+                request.headers.pop("Authorization", None)
+                yield request
+                return
+            finally:
+                # Leaving the SDK's flow releases its lock before the next one takes it.
+                await flow.aclose()
+
+    def _refreshable(self, request: httpx2.Request) -> bool:
+        # A 401 to a request sent without a token is how authorization starts, not a refusal.
+        return "Authorization" in request.headers and self._initialized and self.context.can_refresh_token()
+
+    def _refresh_if_due(self) -> None:
+        """Counts the token as expired a little before its expiry, so the SDK refreshes it first.
+
+        The expiry is reckoned from when this side received the token, after the server started its
+        clock, and a request takes time to arrive: sent in the last moments, a token reaches the
+        server expired. A quarter of the token's lifetime, at most a minute, is the margin.
+        """
+        context = self.context
+        tokens, expiry = context.current_tokens, context.token_expiry_time
+        if tokens is None or not expiry or tokens.expires_in is None:
             return
-        except Exception as exc:
-            self.ipybox_failures.record(exc)
-            # The SDK's transport would drop this exception and leave the MCP request waiting for
-            # ever; sent again without a token, the server's own refusal answers it now, and the
-            # recorded error says why (`HttpRefusals.explain`).
-            request.headers.pop("Authorization", None)
-            yield request
-        finally:
-            await flow.aclose()
+        if time.time() >= expiry - min(_EARLY_REFRESH_MAX, tokens.expires_in * _EARLY_REFRESH_SHARE):
+            context.token_expiry_time = _EXPIRED
 
 
 class _ClientCredentials(_IpyboxProvider, ClientCredentialsOAuthProvider):

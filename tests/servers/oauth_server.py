@@ -18,6 +18,8 @@ Prints ``URL <mcp url>``.
   another origin (a metadata document rewritten on its way, or a hostile authorization server).
 - Every request to a token endpoint is logged (``token_request``, with the refresh token's first
   characters), granted or not.
+- A revocation endpoint (RFC 7009, ``/revoke``): the access or refresh token posted as ``token`` stops
+  being accepted at once, whatever its lifetime said.
 """
 
 from __future__ import annotations
@@ -156,6 +158,12 @@ def build(state: State) -> Starlette:
             return JSONResponse(state.issue(*found))
         return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
 
+    async def revoke(request: Request) -> Response:
+        token = str((await request.form()).get("token"))
+        revoked = state.access.pop(token, None) is not None or state.refresh.pop(token, None) is not None
+        state.write(event="revoke", token=token[:6], revoked=revoked)
+        return Response(status_code=200)
+
     app = mcp.streamable_http_app(host="127.0.0.1")
 
     class Guard:
@@ -212,6 +220,7 @@ def build(state: State) -> Starlette:
         Route(f"{state.issuer_path}/register", register, methods=["POST"]),
         Route(f"{state.issuer_path}/authorize", authorize),
         Route(f"{state.issuer_path}/token", token, methods=["POST"]),
+        Route(f"{state.issuer_path}/revoke", revoke, methods=["POST"]),
         Mount("/", app=Guard(app)),
     ]
 
