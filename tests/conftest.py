@@ -131,7 +131,7 @@ def ipybox_wheel(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pa
 # JSON line per test to DIR: its wall time and the CPU time of this process and of the processes it
 # waited for (kernels, servers, builds), setup and teardown included. CPU time hardly moves with load,
 # so a run on a busy machine still shows which files cost the most.
-_CPU_REPORT = os.environ.get("IPYBOX_TEST_CPU")
+_CPU_REPORT = os.environ.get("IPYBOX_TEST_CPU", "")
 
 
 if _CPU_REPORT:

@@ -180,16 +180,22 @@ async def test_interrupting_a_waiting_call_cancels_it_on_the_host_and_the_next_c
     async with tool_channel({"test": streamable_http_server}, gate) as channel:
         process = await anyio.open_process([sys.executable, "-c", code], env=channel.env)
         async with process:
-            with anyio.fail_after(KERNEL_TIMEOUT):
-                await asked.wait()
-            process.send_signal(signal.SIGINT)
-            with anyio.fail_after(10):
-                await cancelled.wait()
-            assert process.stdout is not None
-            out = b""
-            with anyio.fail_after(KERNEL_TIMEOUT):
-                async for chunk in process.stdout:
-                    out += chunk
+            try:
+                with anyio.fail_after(KERNEL_TIMEOUT):
+                    await asked.wait()
+                process.send_signal(signal.SIGINT)
+                with anyio.fail_after(KERNEL_TIMEOUT):
+                    await cancelled.wait()
+                assert process.stdout is not None
+                out = b""
+                with anyio.fail_after(KERNEL_TIMEOUT):
+                    async for chunk in process.stdout:
+                        out += chunk
+            finally:
+                # A failed wait leaves the process blocked on the gate, which only ends by being
+                # cancelled: without this, closing the process would wait for it for ever.
+                if process.returncode is None:
+                    process.kill()
     assert out.decode().split("\n")[:3] == ["ready", "interrupted", "Hello, again!"]
 
 
@@ -219,7 +225,7 @@ async def test_cancelling_an_awaited_call_cancels_it_on_the_host(streamable_http
     async with tool_channel({"test": streamable_http_server}, gate) as channel:
         await channel.call("test", "add", {"a": 1, "b": 1})  # start the server first
         out = await channel.run_python(code)
-        with anyio.fail_after(10):
+        with anyio.fail_after(KERNEL_TIMEOUT):
             await cancelled.wait()
     assert asked.is_set()
     assert out.strip() == "gave up"
