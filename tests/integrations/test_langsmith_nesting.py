@@ -194,6 +194,35 @@ async def test_argument_values_and_the_calls_line_go_to_langsmith_when_the_appli
     assert inputs["call_site"] == "print(add.run({'a': 1, 'b': 2}).result)"
 
 
+def paused_then_resumed(out: Any, spans: list[ReadableSpan], thread: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Check the two runs of the tool: the first part of the action paused at the call (left pending),
+    the second, marked resumed, under the run that resumed it, where the graph's answer approved the
+    call. Returns the attributes of the two runs of the call (asked, decided)."""
+    [message] = [m for m in out.value["messages"] if isinstance(m, ToolMessage)]
+    assert message.content == "3\n"
+    paused_run, resuming_run = named(spans, "execute_code")
+    assert resuming_run.context is not None and paused_run.context is not None
+    assert resuming_run.context.trace_id != paused_run.context.trace_id  # each graph run is a trace of its own
+    paused, resumed = action_under(spans, paused_run), action_under(spans, resuming_run)
+    first_part, last_part = attributes(paused), attributes(resumed)
+    assert first_part[META + "ipybox.execution.outcome"] == "paused" and first_part[META + "ipybox.resumed"] is False
+    assert last_part[META + "ipybox.execution.outcome"] == "ok" and last_part[META + "ipybox.resumed"] is True
+    assert last_part[META + "ipybox.tool_calls"] == 1
+    # The parts are joined by the action's key.
+    key = first_part[META + "ipybox.execution.key"]
+    assert key == last_part[META + "ipybox.execution.key"] == f"langchain:{thread}:call-1"
+    [asked] = children(spans, paused)
+    [decided] = children(spans, resumed)
+    assert asked.name == decided.name == "test.add"
+    asked_data, decided_data = attributes(asked), attributes(decided)
+    assert asked_data[META + "ipybox.approval.decision"] == "pending"
+    assert decided_data[META + "ipybox.approval.decision"] == "approved"
+    assert decided_data[META + "ipybox.approval.decided_by"] == "adapter"
+    assert decided_data[META + "ipybox.tool.duration"] >= 0
+    assert asked_data[META + "code.line.number"] == decided_data[META + "code.line.number"] == 2
+    return asked_data, decided_data
+
+
 @pytest.mark.parametrize("executor", [("ask", False)], indirect=True)
 async def test_a_resumed_code_action_continues_under_the_tool_run_that_resumed_it(
     executor: CodeExecutor, langsmith: LangSmith
@@ -204,28 +233,9 @@ async def test_a_resumed_code_action_continues_under_the_tool_run_that_resumed_i
         first = await agent.ainvoke(START, config, version="v2")
         [pending] = first.interrupts
         out = await agent.ainvoke(Command(resume={pending.id: {"type": "approve"}}), config, version="v2")
-    [message] = [m for m in out.value["messages"] if isinstance(m, ToolMessage)]
-    assert message.content == "3\n"
-    spans = langsmith.spans()
-    paused_run, resuming_run = named(spans, "execute_code")
-    paused, resumed = action_under(spans, paused_run), action_under(spans, resuming_run)
-    assert resuming_run.context is not None and paused_run.context is not None
-    assert resuming_run.context.trace_id != paused_run.context.trace_id  # each graph run is a trace of its own
-    first_part, last_part = attributes(paused), attributes(resumed)
-    assert first_part[META + "ipybox.execution.outcome"] == "paused" and first_part[META + "ipybox.resumed"] is False
-    assert last_part[META + "ipybox.execution.outcome"] == "ok" and last_part[META + "ipybox.resumed"] is True
-    key = first_part[META + "ipybox.execution.key"]
-    assert key == last_part[META + "ipybox.execution.key"] == "langchain:t-keyed:call-1"
-    # The call: pending in the part that paused, decided by the graph's answer in the part that resumed.
-    [asked] = children(spans, paused)
-    [decided] = children(spans, resumed)
-    assert asked.name == decided.name == "test.add"
-    assert attributes(asked)[META + "ipybox.approval.decision"] == "pending"
-    assert attributes(decided)[META + "ipybox.approval.decision"] == "approved"
-    assert attributes(decided)[META + "ipybox.approval.decided_by"] == "adapter"
-    call_id = attributes(asked)[META + "gen_ai.tool.call.id"]
-    assert attributes(decided)[META + "gen_ai.tool.call.id"] == call_id
-    assert attributes(decided)[META + "code.line.number"] == 2
+    asked, decided = paused_then_resumed(out, langsmith.spans(), "t-keyed")
+    # The same request of the same execution, paused in one run and decided in the next.
+    assert asked[META + "gen_ai.tool.call.id"] == decided[META + "gen_ai.tool.call.id"]
 
 
 def gateway_executor(gateway: Gateway, workspace: Path, tools_dir: Path) -> CodeExecutor:
@@ -249,21 +259,5 @@ async def test_a_durable_code_action_resumed_by_another_executor_continues_under
         async with gateway_executor(gateway, tmp_path / "b", tools_dir) as b:
             agent = agent_for(IpyboxTool(executor=b, secret=secret), None, checkpointer=checkpointer)
             out = await agent.ainvoke(Command(resume={pending.id: {"type": "approve"}}), config, version="v2")
-    [message] = [m for m in out.value["messages"] if isinstance(m, ToolMessage)]
-    assert message.content == "3\n"
-    spans = langsmith.spans()
-    suspending_run, resuming_run = named(spans, "execute_code")
-    suspended, resumed = action_under(spans, suspending_run), action_under(spans, resuming_run)
-    first_part, last_part = attributes(suspended), attributes(resumed)
-    assert first_part[META + "ipybox.execution.outcome"] == "paused" and first_part[META + "ipybox.resumed"] is False
-    assert last_part[META + "ipybox.execution.outcome"] == "ok" and last_part[META + "ipybox.resumed"] is True
-    key = first_part[META + "ipybox.execution.key"]
-    assert key == last_part[META + "ipybox.execution.key"] == "langchain:t-durable:call-1"
-    # B asks the call again (with A's arguments) and the graph's answer decides it, under B's run.
-    [asked] = children(spans, suspended)
-    [decided] = children(spans, resumed)
-    assert asked.name == decided.name == "test.add"
-    assert attributes(asked)[META + "ipybox.approval.decision"] == "pending"
-    assert attributes(decided)[META + "ipybox.approval.decision"] == "approved"
-    assert attributes(decided)[META + "ipybox.tool.duration"] >= 0
-    assert last_part[META + "ipybox.tool_calls"] == 1
+    # B asks the call again (with A's arguments, a request of its own) and the graph's answer decides it.
+    paused_then_resumed(out, langsmith.spans(), "t-durable")
