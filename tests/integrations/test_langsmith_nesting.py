@@ -261,3 +261,34 @@ async def test_a_durable_code_action_resumed_by_another_executor_continues_under
             out = await agent.ainvoke(Command(resume={pending.id: {"type": "approve"}}), config, version="v2")
     # B asks the call again (with A's arguments, a request of its own) and the graph's answer decides it.
     paused_then_resumed(out, langsmith.spans(), "t-durable")
+
+
+FORGED = (
+    "from ipybox_kernel import _client, _transport\n"
+    "from ipybox_kernel._client import _calling_execution\n"
+    "site = _transport.CallSite(line=10**30, module='m' * 5000 + '\\nforged')\n"
+    "execution = _calling_execution('test', 'add')\n"
+    "reply = _transport.round_trip('test', 'add', {'a': 1, 'b': 2}, execution, None, site)\n"
+    "print(_client._parse_reply('test', 'add', reply))\n"
+    "print(_transport.round_trip('test', 'add', {'a': 1, 'b': 2}, 'x-another', None, None))\n"
+)
+
+
+async def test_kernel_code_cannot_put_a_run_elsewhere_or_send_unbounded_text(
+    executor: CodeExecutor, langsmith: LangSmith
+) -> None:
+    # Kernel code that sends its own call site (a huge module name, a line the code does not have) and
+    # a call that names another execution: the first is recorded bounded, the second not at all.
+    agent = agent_for(IpyboxTool(executor=executor), FORGED)
+    with anyio.fail_after(patient(60)):
+        out = await agent.ainvoke(START, {"callbacks": [langsmith.tracer]})
+    [message] = [m for m in out["messages"] if isinstance(m, ToolMessage)]
+    assert message.status == "success", message.content
+    spans = langsmith.spans()
+    [call] = children(spans, action_under(spans, named(spans, "execute_code")[0]))
+    data = attributes(call)
+    assert call.name == "test.add"
+    module = str(data[META + "ipybox.call_site.module"])
+    assert module == "m" * 256  # what the channel takes of it (at most 256 characters), no more
+    assert META + "code.line.number" not in data  # a line the code does not have is unknown
+    assert len(children(spans, call)) == 0
