@@ -341,6 +341,7 @@ class IpyboxTool(BaseTool):
         kernel is not touched; answered, the action is resumed from the locator with the answer.
         """
         value = await _last_interrupt(configurable)
+        values = self.executor.tracing.values
         asked = 0 if value is None else value.get("ipybox_interrupts", 0)
         for _ in range(asked):
             interrupt(None)  # answered already: returns the stored answer
@@ -371,7 +372,8 @@ class IpyboxTool(BaseTool):
                 decide = answering(decision, suspending(self.executor, execution, durable, _cannot_wait))
             try:
                 # A part resumed from a locator continues, in LangSmith, under this run of the tool.
-                with action_runs(execution, resumed=value is not None, values=self.executor.tracing.values) as ended:  # pyright: ignore[reportPossiblyUnboundVariable]
+                part = action_runs(execution, resumed=value is not None, values=values)  # pyright: ignore[reportPossiblyUnboundVariable]
+                with part as ended:
                     outcome = await drive(execution, decide, on_output=on_output)  # pyright: ignore[reportPossiblyUnboundVariable]
                     ended(outcome)
                 return outcome
