@@ -20,6 +20,7 @@ context-variable read per code action.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol, cast
@@ -41,6 +42,8 @@ from ipybox.network._request import NETWORK_SERVER, NETWORK_TOOL
 from ._core import ActionOutcome, Suspended
 
 __all__ = ("Ended", "action_runs")
+
+logger = logging.getLogger(__name__)
 
 Ended = Callable[[ActionOutcome], None]
 """Records how the part of the code action ended, when it ended with the action's outcome."""
@@ -114,8 +117,13 @@ def action_runs(execution: Execution, *, resumed: bool, values: bool) -> Generat
     metadata: dict[str, Any] = {"ipybox.execution.id": execution.id, "ipybox.resumed": resumed}
     if execution.key is not None:
         metadata["ipybox.execution.key"] = bounded(execution.key)
-    action = parent.create_child(ACTION_SPAN, "chain", extra={"metadata": metadata})
-    action.post()
+    try:
+        action = parent.create_child(ACTION_SPAN, "chain", extra={"metadata": metadata})
+        action.post()
+    except Exception:  # a trace must never fail the code action (its tool calls' runs: `notify` logs)
+        logger.exception("could not record code action %s in LangSmith", execution.id)
+        yield _ignore
+        return
     outcome: list[ActionOutcome] = []
     calls = _ToolCallRuns(execution, action, values)
     stop = execution.on_tool_call(calls.observe)
@@ -141,7 +149,22 @@ def _end_action(
     calls: _ToolCallRuns,
     failure: str | None = None,
 ) -> None:
-    """End the calls' runs still open, then the action's run, with what the part came to."""
+    """End the calls' runs still open, then the action's run, with what the part came to; a failure
+    to send them is logged, never raised (the block's own outcome or exception goes on)."""
+    try:
+        _end_runs(action, outcome, paused=paused, calls=calls, failure=failure)
+    except Exception:
+        logger.exception("could not end the LangSmith runs of a code action")
+
+
+def _end_runs(
+    action: RunTree,
+    outcome: ActionOutcome | None,
+    *,
+    paused: bool,
+    calls: _ToolCallRuns,
+    failure: str | None,
+) -> None:
     calls.close(paused=paused)
     metadata: dict[str, Any] = {}
     error: str | None = None
