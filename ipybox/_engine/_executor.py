@@ -202,7 +202,9 @@ class CodeExecutor:
         self.limits = settings.limits
         self.timeouts = timeouts or Timeouts()
         self._side = KernelSide(source=self.kernel, settings=settings, start_timeout=self.timeouts.start)
-        self._tracer = ActionTracer(tracing or Tracing())
+        self.tracing = tracing or Tracing()
+        """How code actions are traced; framework adapters read ``values`` from it for their own traces."""
+        self._tracer = ActionTracer(self.tracing)
         self._gate = ApprovalGate(
             approval,
             self.timeouts.approval,

@@ -50,8 +50,10 @@ __all__ = (
     "MAX_VALUE_CHARS",
     "ActionTracer",
     "Tracing",
+    "account_attributes",
     "bounded",
     "tool_span_name",
+    "value_json",
 )
 
 ACTION_SPAN = "ipybox.code_action"
@@ -89,7 +91,23 @@ def tool_span_name(tool: str) -> str:
     return f"execute_tool {bounded(tool, 256)}"
 
 
-def _json(value: Any) -> str:
+def account_attributes(account: ActionAccount) -> dict[str, int | float]:
+    """What a code action's tool calls came to, as the attributes of its span (and of a framework's
+    record of it)."""
+    return {
+        "ipybox.tool_calls": account.tool_calls,
+        "ipybox.tool_calls.approved": account.approved,
+        "ipybox.tool_calls.rejected": account.rejected,
+        "ipybox.approval.wait_total": account.approval_wait,
+        "ipybox.tool.time_total": account.tool_time,
+        "ipybox.network.connections": account.connections,
+        "ipybox.network.bytes_total": account.network_bytes,
+        "ipybox.output.bytes_total": account.output_bytes,
+    }
+
+
+def value_json(value: Any) -> str:
+    """``value`` (tool arguments or a result) as JSON cut to `MAX_VALUE_CHARS`: only when the application opts in."""
     try:
         text = json.dumps(value, ensure_ascii=False, default=repr)
     except ValueError:  # a circular structure cannot come from JSON; kept safe anyway
@@ -146,18 +164,7 @@ class ActionTracer:
         if not span.is_recording():
             span.end()
             return
-        span.set_attributes(
-            {
-                "ipybox.tool_calls": account.tool_calls,
-                "ipybox.tool_calls.approved": account.approved,
-                "ipybox.tool_calls.rejected": account.rejected,
-                "ipybox.approval.wait_total": account.approval_wait,
-                "ipybox.tool.time_total": account.tool_time,
-                "ipybox.network.connections": account.connections,
-                "ipybox.network.bytes_total": account.network_bytes,
-                "ipybox.output.bytes_total": account.output_bytes,
-            }
-        )
+        span.set_attributes(account_attributes(account))
         if result is not None:
             span.set_attribute("ipybox.execution.outcome", "ok")
             span.set_attribute("ipybox.output.chars", len(result.text))
@@ -238,7 +245,7 @@ class ActionTracer:
             if call_site.module is not None:
                 attributes["ipybox.call_site.module"] = bounded(call_site.module)
         if self.values:
-            attributes["gen_ai.tool.call.arguments"] = _json(arguments)
+            attributes["gen_ai.tool.call.arguments"] = value_json(arguments)
             # The line's text may hold argument values too.
             if call_site is not None and call_site.text is not None:
                 attributes["ipybox.call_site.text"] = bounded(call_site.text)
@@ -282,5 +289,5 @@ class ActionTracer:
             span.set_attribute("error.type", bounded(error))
             span.set_status(Status(StatusCode.ERROR))
         elif self.values and result is not None:
-            span.set_attribute("gen_ai.tool.call.result", _json(result))
+            span.set_attribute("gen_ai.tool.call.result", value_json(result))
         span.end()

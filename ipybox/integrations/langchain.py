@@ -66,6 +66,7 @@ from ._core import (
     suspending,
 )
 from ._langgraph import Queue, queue_of
+from ._langsmith import action_runs
 
 __all__ = ("IpyboxSearchTool", "IpyboxTool", "McpApprovalRequest", "McpDecision", "OutputEvent", "ipybox_tools")
 
@@ -284,10 +285,13 @@ class IpyboxTool(BaseTool):
         # checkpointer the graph was compiled or invoked with.
         configurable = get_config().get("configurable", {})
         on_output = _output_writer(tool_call_id)
+        values = self.executor.tracing.values
         if configurable.get(CONFIG_KEY_CHECKPOINTER) is None:
             # Nothing could pause and resume the graph: the executor's own policy decides.
             execution = self.executor.execute(code, approval=None, timeout=self.timeout)
-            outcome = await drive(execution, _nobody_to_ask, on_output=on_output)
+            with action_runs(execution, resumed=False, values=values) as ended:
+                outcome = await drive(execution, _nobody_to_ask, on_output=on_output)
+                ended(outcome)
         else:
             thread_id = configurable.get("thread_id")
             if thread_id is None:
@@ -303,7 +307,7 @@ class IpyboxTool(BaseTool):
                     self.name,
                 )
             try:
-                execution = await self._start_or_attach(key, code, configurable)
+                execution, resumed = await self._start_or_attach(key, code, configurable)
             except ExecutionLost as exc:
                 outcome = ActionOutcome.lost(exc)
             else:
@@ -313,7 +317,9 @@ class IpyboxTool(BaseTool):
                 # LangGraph hands resume values to a task's interrupts by position, so every request
                 # is asked again in order on each run of the tool, decided or not.
                 decide = _interrupter(tool_call_id, execution, queue, step)
-                outcome = await drive(execution, decide, on_output=on_output, replay="all")
+                with action_runs(execution, resumed=resumed, values=values) as ended:
+                    outcome = await drive(execution, decide, on_output=on_output, replay="all")
+                    ended(outcome)
         return _message(outcome, tool_call_id, self.name)
 
     async def _durable_run(
@@ -335,6 +341,7 @@ class IpyboxTool(BaseTool):
         kernel is not touched; answered, the action is resumed from the locator with the answer.
         """
         value = await _last_interrupt(configurable)
+        values = self.executor.tracing.values
         asked = 0 if value is None else value.get("ipybox_interrupts", 0)
         for _ in range(asked):
             interrupt(None)  # answered already: returns the stored answer
@@ -364,7 +371,12 @@ class IpyboxTool(BaseTool):
                 )
                 decide = answering(decision, suspending(self.executor, execution, durable, _cannot_wait))
             try:
-                return await drive(execution, decide, on_output=on_output)  # pyright: ignore[reportPossiblyUnboundVariable]
+                # A part resumed from a locator continues, in LangSmith, under this run of the tool.
+                part = action_runs(execution, resumed=value is not None, values=values)  # pyright: ignore[reportPossiblyUnboundVariable]
+                with part as ended:
+                    outcome = await drive(execution, decide, on_output=on_output)  # pyright: ignore[reportPossiblyUnboundVariable]
+                    ended(outcome)
+                return outcome
             except Suspended as suspended:
                 payload = suspended.payload.to_json()
                 value = cast(
@@ -372,15 +384,16 @@ class IpyboxTool(BaseTool):
                     {"type": "tool_approval", "tool_call_id": tool_call_id, **payload, "ipybox_interrupts": asked},
                 )
 
-    async def _start_or_attach(self, key: str, code: str, configurable: Mapping[str, Any]) -> Execution:
-        """The execution of this tool call: its paused one on resume, else a new one.
+    async def _start_or_attach(self, key: str, code: str, configurable: Mapping[str, Any]) -> tuple[Execution, bool]:
+        """The execution of this tool call, and whether it was started by an earlier run of the tool:
+        its paused one on resume, else a new one.
 
         Raises:
             ExecutionLost: This is a resume but its execution is gone (the executor was replaced, its
                 ttl passed, or it ran in another process); nothing is run.
         """
         try:
-            return self.executor.attach(key)
+            return self.executor.attach(key), True
         except ExecutionLost:
             # The core knows the keys this process started; the checkpoint also knows a tool call
             # that interrupted in a process that is gone.
@@ -389,7 +402,7 @@ class IpyboxTool(BaseTool):
                     f"this tool call waited on an interrupt, but no execution with key {key!r} is known "
                     "here (the executor was replaced, its ttl passed, or it ran in another process)"
                 ) from None
-        return start_or_attach(self.executor, key, code, approval="ask", ttl=self.ttl, timeout=self.timeout)
+        return start_or_attach(self.executor, key, code, approval="ask", ttl=self.ttl, timeout=self.timeout), False
 
 
 class _SearchArgs(BaseModel):
