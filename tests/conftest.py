@@ -4,6 +4,7 @@ import fcntl
 import json
 import os
 import resource
+import shutil
 import time
 from collections.abc import AsyncGenerator, Generator
 from pathlib import Path
@@ -98,15 +99,24 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`mcptools/test/...` generated from the project's test MCP server (stdio)."""
+@pytest.fixture(scope="session")
+async def generated_tools(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`mcptools/test/...` generated from the project's test MCP server (stdio), once per worker:
+    a generation starts the server (seconds of CPU importing mcp), the same for every module."""
     # Imported here: at conftest import time the plugin is not registered yet, so pytest could not
     # rewrite its asserts.
     from servers.fixtures import stdio_server
 
-    root = tmp_path_factory.mktemp("tools") / "mcptools"
+    root = tmp_path_factory.mktemp("generated-tools") / "mcptools"
     await generate_mcp_sources("test", stdio_server(), root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tools_dir(generated_tools: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A module's own copy of `generated_tools`: its tests may register servers in it or change it."""
+    root = tmp_path_factory.mktemp("tools") / "mcptools"
+    shutil.copytree(generated_tools, root, symlinks=True)
     return root
 
 
