@@ -145,6 +145,7 @@ _CPU_REPORT = os.environ.get("IPYBOX_TEST_CPU")
 
 
 if _CPU_REPORT:
+    _report_dir = Path(_CPU_REPORT)
 
     def _cpu() -> float:
         own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -158,5 +159,5 @@ if _CPU_REPORT:
         finally:
             worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
             entry = {"test": item.nodeid, "wall": time.monotonic() - wall, "cpu": _cpu() - cpu}
-            with open(Path(_CPU_REPORT) / f"{worker}.jsonl", "a") as report:
+            with open(_report_dir / f"{worker}.jsonl", "a") as report:
                 report.write(json.dumps(entry) + "\n")
