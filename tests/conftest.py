@@ -7,8 +7,11 @@ import resource
 import shutil
 import time
 from collections.abc import AsyncGenerator, Generator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
+import anyio
 import pytest
 from install_support import build_wheel
 
@@ -108,7 +111,7 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-async def generated_tools(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def generated_tools(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`mcptools/test/...` generated from the project's test MCP server (stdio), once per worker:
     a generation starts the server (seconds of CPU importing mcp), the same for every module."""
     # Imported here: at conftest import time the plugin is not registered yet, so pytest could not
@@ -116,7 +119,10 @@ async def generated_tools(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from servers.fixtures import stdio_server
 
     root = tmp_path_factory.mktemp("generated-tools") / "mcptools"
-    await generate_mcp_sources("test", stdio_server(), root)
+    # On an event loop of its own, in a thread: a session-scoped async fixture would keep anyio's test
+    # runner open for the whole session, and sync tests that call anyio.run (the CLI's) would fail.
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(anyio.run, partial(generate_mcp_sources, "test", stdio_server(), root)).result()
     return root
 
 
