@@ -4,10 +4,14 @@ import fcntl
 import json
 import os
 import resource
+import shutil
 import time
 from collections.abc import AsyncGenerator, Generator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
+import anyio
 import pytest
 from install_support import build_wheel
 
@@ -49,15 +53,23 @@ IN_PROCESS_FIXTURES = ("executor", "asking")
 # The slowest files, slowest first (docs/development.md, "How long the tests take"): run first, so the
 # two workers of `scripts/test.sh` (`--dist loadfile --no-loadscope-reorder`, which keeps this order)
 # never start one of them at the end while the other worker has nothing left to do. pytest-xdist's
-# own order, most tests first, put these one- and two-test files last.
+# own order, most tests first, put these one- and two-test files last. Ordered by each file's wall time
+# in a whole run on two workers (2026-11-28, `IPYBOX_TEST_CPU`, a loaded machine): test_mcp_server.py
+# took 555 s, test_cookbook.py 297 s, test_oauth.py 286 s, test_install.py 198 s, ...
 SLOWEST_FIRST = (
-    "tests/test_mcp_conformance.py",
+    "tests/test_mcp_server.py",
+    "tests/test_cookbook.py",
+    "tests/test_oauth.py",
     "tests/test_install.py",
-    "tests/test_durable_approvals.py",
+    "tests/test_mcp_conformance.py",
     "tests/integrations/test_durable_adapters.py",
+    "tests/test_conformance.py",
+    "tests/test_kernel_client.py",
+    "tests/test_execution.py",
+    "tests/test_durable_approvals.py",
+    "tests/test_setup.py",
     "tests/test_snippets.py",
     "tests/test_plugin.py",
-    "tests/test_setup.py",
     "tests/test_codegen_typecheck.py",
 )
 
@@ -98,15 +110,27 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`mcptools/test/...` generated from the project's test MCP server (stdio)."""
+@pytest.fixture(scope="session")
+def generated_tools(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`mcptools/test/...` generated from the project's test MCP server (stdio), once per worker:
+    a generation starts the server (seconds of CPU importing mcp), the same for every module."""
     # Imported here: at conftest import time the plugin is not registered yet, so pytest could not
     # rewrite its asserts.
     from servers.fixtures import stdio_server
 
+    root = tmp_path_factory.mktemp("generated-tools") / "mcptools"
+    # On an event loop of its own, in a thread: a session-scoped async fixture would keep anyio's test
+    # runner open for the whole session, and sync tests that call anyio.run (the CLI's) would fail.
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(anyio.run, partial(generate_mcp_sources, "test", stdio_server(), root)).result()
+    return root
+
+
+@pytest.fixture(scope="module")
+def tools_dir(generated_tools: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A module's own copy of `generated_tools`: its tests may register servers in it or change it."""
     root = tmp_path_factory.mktemp("tools") / "mcptools"
-    await generate_mcp_sources("test", stdio_server(), root)
+    shutil.copytree(generated_tools, root, symlinks=True)
     return root
 
 
@@ -135,6 +159,7 @@ _CPU_REPORT = os.environ.get("IPYBOX_TEST_CPU", "")
 
 
 if _CPU_REPORT:
+    _report_dir = Path(_CPU_REPORT)
 
     def _cpu() -> float:
         own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -148,5 +173,5 @@ if _CPU_REPORT:
         finally:
             worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
             entry = {"test": item.nodeid, "wall": time.monotonic() - wall, "cpu": _cpu() - cpu}
-            with open(Path(_CPU_REPORT) / f"{worker}.jsonl", "a") as report:
+            with open(_report_dir / f"{worker}.jsonl", "a") as report:
                 report.write(json.dumps(entry) + "\n")

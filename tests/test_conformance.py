@@ -35,7 +35,6 @@ from ipybox import (
     KernelDied,
     Limits,
     UsageError,
-    generate_mcp_sources,
 )
 
 pytestmark = pytest.mark.anyio
@@ -48,13 +47,6 @@ PNG = base64.b64decode(
 # Deadline for what must end on its own (a failed execution, a recovery): far above a kernel start
 # on a quiet machine; each wait stretches it by the load (patient).
 RECOVERY = 60.0
-
-
-@pytest.fixture(scope="module")
-async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tools") / "mcptools"
-    await generate_mcp_sources("test", stdio_server(), root)
-    return root
 
 
 @pytest.fixture(scope="module", params=["local", "gateway"])

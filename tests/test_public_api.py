@@ -37,8 +37,7 @@ def test_every_exception_derives_from_ipybox_error() -> None:
 def test_importing_ipybox_loads_none_of_its_heavy_dependencies_until_a_name_is_used() -> None:
     # A fresh interpreter: this one has long imported everything.
     probe = "import sys, ipybox; print(*sorted(sys.modules)); ipybox.CodeExecutor; print(*sorted(sys.modules))"
-    # Importing CodeExecutor imports jsonschema, which in the development environment builds an RFC
-    # 3987 parser at import (rfc3987-syntax, pulled in by jupyter-events): seconds of CPU.
+    # Importing CodeExecutor imports mcp, jupyter_client and jsonschema: seconds on a loaded machine.
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=patient(60))
     after_import, after_use = ({name.partition(".")[0] for name in line.split()} for line in run.stdout.splitlines())
     assert after_import & HEAVY == set()

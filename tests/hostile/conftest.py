@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, StdioServer, generate_mcp_sources
+from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, StdioServer
 from ipybox._kernel import Kernel
 
 # SIGKILLed processes are gone within milliseconds; this only bounds a real leak.
@@ -136,13 +136,6 @@ def loopback_listener() -> socket.socket:
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     return listener
-
-
-@pytest.fixture(scope="module")
-async def tools_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tools") / "mcptools"
-    await generate_mcp_sources("test", plain_server(), root)
-    return root
 
 
 @pytest.fixture(scope="module")

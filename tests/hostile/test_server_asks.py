@@ -34,14 +34,26 @@ FORGED = (
 _UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp"})
 
 
-@pytest.fixture
-async def executor(workspace: Path) -> AsyncGenerator[tuple[CodeExecutor, list[ToolCallEvent]]]:
+@pytest.fixture(scope="module")
+async def shared_executor(module_workspace: Path) -> AsyncGenerator[tuple[CodeExecutor, list[ToolCallEvent]]]:
+    """One executor and one session of the asking server for the in-process tests: each test's call
+    is its own, and the server's start (importing mcp, seconds of CPU) is paid once, not per test."""
     events: list[ToolCallEvent] = []
     async with CodeExecutor(
-        workspace=workspace, tools_dir=None, kernel=InProcessKernel(), sandbox=None, on_tool_call=events.append
+        workspace=module_workspace, tools_dir=None, kernel=InProcessKernel(), sandbox=None, on_tool_call=events.append
     ) as ex:
         ex.register_mcp_server("asking", ASKING_STDIO)
         yield ex, events
+
+
+@pytest.fixture
+def executor(
+    shared_executor: tuple[CodeExecutor, list[ToolCallEvent]],
+) -> tuple[CodeExecutor, list[ToolCallEvent]]:
+    """The shared executor with the tool-call events of this test only."""
+    events = shared_executor[1]
+    events.clear()
+    return shared_executor
 
 
 def assert_no_forged_line(text: str) -> None:
