@@ -328,6 +328,10 @@ class ExecutionDriver:
         self.account = Tally()
         """What its tool calls came to so far; the gate counts (`CodeExecutionResult.account`)."""
 
+    async def changed(self) -> None:
+        """Wait until the execution gets another event or ends."""
+        await self._state.changed.wait()
+
     def on_delivered(self, callback: Callable[[Execution], None]) -> None:
         """Call ``callback`` once, when the outcome has first been delivered to a consumer."""
         self._state.on_delivered = callback

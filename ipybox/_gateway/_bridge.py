@@ -66,6 +66,8 @@ class ToolBridge:
         # The request line of each call in flight, as received: what a suspended execution hands on.
         self._lines: dict[str, str] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
+        # Set when the next call in flight ends (`call_ended`), then replaced.
+        self._ended: anyio.Event | None = None
 
     def receive(self, data: Mapping[str, Any]) -> None:
         """Take one message of the kernel's tool comm: a request, a resent request, or a cancellation."""
@@ -104,6 +106,12 @@ class ToolBridge:
         """The calls in flight: each one's id and request line, as the kernel sent them."""
         return list(self._lines.items())
 
+    async def call_ended(self) -> None:
+        """Wait until a call in flight ends."""
+        if self._ended is None:
+            self._ended = anyio.Event()
+        await self._ended.wait()
+
     def cancel_all(self) -> None:
         """Cancel every call in flight (the kernel is gone)."""
         for scope in self._calls.values():
@@ -128,6 +136,9 @@ class ToolBridge:
             self._calls.pop(call_id, None)
             self._lines.pop(call_id, None)
             self._finish(call_id)
+            if self._ended is not None:
+                self._ended.set()
+                self._ended = None
 
     def _finish(self, call_id: str) -> None:
         self._finished[call_id] = None
