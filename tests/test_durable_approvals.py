@@ -19,6 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 from deadline_support import patient
+from servers.durable_agents import PARALLEL
 from servers.fixtures import stdio_server
 from servers.gateway import Gateway, run_gateway
 
@@ -235,23 +236,6 @@ async def test_a_gateway_restart_loses_a_suspended_execution_and_resume_says_so(
             with anyio.fail_after(patient(WORKER_DEADLINE)), pytest.raises(ExecutionLost, match="HTTP 404"):
                 await ex.resume(locator, secret=secret, decision=ApprovalDecision(approved=True))
     assert calls(call_log) == []
-
-
-# Two threads of one code action each call the tool: both wait for approval when it is suspended.
-PARALLEL = (
-    "import threading\n"
-    "from mcptools.test import delete_item\n"
-    "done = {}\n"
-    "def call(item):\n"
-    "    try:\n"
-    "        done[item] = delete_item.run(delete_item.Params(item_id=item)).result\n"
-    "    except Exception as exc:\n"
-    "        done[item] = type(exc).__name__\n"
-    "threads = [threading.Thread(target=call, args=(item,)) for item in ('x1', 'x2')]\n"
-    "for thread in threads: thread.start()\n"
-    "for thread in threads: thread.join()\n"
-    "print(sorted(done.items()))\n"
-)
 
 
 async def suspended_in_two_calls(

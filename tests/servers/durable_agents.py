@@ -129,7 +129,7 @@ async def pydantic_start(run: Run) -> dict[str, Any]:
 async def pydantic_resume(run: Run) -> dict[str, Any]:
     from pydantic import TypeAdapter
     from pydantic_ai import DeferredToolRequests
-    from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturnPart
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
 
     from ipybox.integrations.pydantic_ai import mcp_approval_results, pending_mcp_calls
 
@@ -143,14 +143,21 @@ async def pydantic_resume(run: Run) -> dict[str, Any]:
     requests = TypeAdapter(DeferredToolRequests).validate_json(text)
     results = mcp_approval_results(requests, DECISIONS)
     result = await pydantic_agent(run).run(message_history=messages, deferred_tool_results=results)
-    returns = {
+    returns = pydantic_returns(result)
+    return {"returns": returns, "output": result.output}
+
+
+def pydantic_returns(result: Any) -> dict[str, str]:
+    """What each tool call of the run's new messages returned, by tool call id."""
+    from pydantic_ai.messages import ModelRequest, ToolReturnPart
+
+    return {
         p.tool_call_id: p.model_response_str()
         for m in result.new_messages()
         if isinstance(m, ModelRequest)
         for p in m.parts
         if isinstance(p, ToolReturnPart)
     }
-    return {"returns": returns, "output": result.output}
 
 
 async def pydantic_continue(run: Run) -> dict[str, Any]:
@@ -158,7 +165,7 @@ async def pydantic_continue(run: Run) -> dict[str, Any]:
     pauses once more (``pending``) or ends (``returns``)."""
     from pydantic import TypeAdapter
     from pydantic_ai import DeferredToolRequests
-    from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturnPart
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
 
     from ipybox.integrations.pydantic_ai import mcp_approval_results, pending_mcp_calls
 
@@ -176,13 +183,7 @@ async def pydantic_continue(run: Run) -> dict[str, Any]:
         (run.state / "requests.json").write_bytes(TypeAdapter(DeferredToolRequests).dump_json(result.output))
         pending = pending_mcp_calls(result.output)
         return {"pending": {id: [p.tool, dict(p.args), p.locator is not None] for id, p in pending.items()}}
-    returns = {
-        p.tool_call_id: p.model_response_str()
-        for m in result.new_messages()
-        if isinstance(m, ModelRequest)
-        for p in m.parts
-        if isinstance(p, ToolReturnPart)
-    }
+    returns = pydantic_returns(result)
     return {"returns": returns}
 
 
