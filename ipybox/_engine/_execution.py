@@ -328,9 +328,9 @@ class ExecutionDriver:
         self.account = Tally()
         """What its tool calls came to so far; the gate counts (`CodeExecutionResult.account`)."""
 
-    async def changed(self) -> None:
-        """Wait until the execution gets another event or ends."""
-        await self._state.changed.wait()
+    def change(self) -> anyio.Event:
+        """Set when the execution next gets an event or ends (take it before looking at the log)."""
+        return self._state.changed
 
     def on_delivered(self, callback: Callable[[Execution], None]) -> None:
         """Call ``callback`` once, when the outcome has first been delivered to a consumer."""

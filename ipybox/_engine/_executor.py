@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
@@ -62,6 +62,7 @@ from ._results import CodeExecutionChunk
 from ._running import run_execution
 from ._toolevents import ToolCallHook
 from ._tracing import ActionTracer, Tracing
+from ._waiting import wait_any
 
 if TYPE_CHECKING:
     from ipybox._gateway._held import HeldKernel
@@ -515,17 +516,12 @@ class CodeExecutor:
             if current is None or current[0].execution is not execution or not isinstance(kernel, RemoteKernel):
                 return  # _pending_held says why it cannot be suspended
             driver = current[0]
+            # Taken before looking, with no await in between: an end or an event after the look sets them.
+            ended, changed = kernel.call_end(), driver.change()
             pending = [e for e in execution.log if isinstance(e, ApprovalRequest) and e.decision is None]
             if driver.done or len(kernel.in_flight()) <= len(pending):
                 return
-            async with anyio.create_task_group() as tg:
-
-                async def first(wait: Callable[[], Awaitable[None]]) -> None:
-                    await wait()
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(first, kernel.call_ended)
-                tg.start_soon(first, driver.changed)
+            await wait_any(ended, changed)
 
     async def _pending_held(
         self, execution: Execution

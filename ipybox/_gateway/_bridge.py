@@ -66,8 +66,8 @@ class ToolBridge:
         # The request line of each call in flight, as received: what a suspended execution hands on.
         self._lines: dict[str, str] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
-        # Set when the next call in flight ends (`call_ended`), then replaced.
-        self._ended: anyio.Event | None = None
+        # Set when the next call in flight ends (`call_end`), then replaced.
+        self._ended = anyio.Event()
 
     def receive(self, data: Mapping[str, Any]) -> None:
         """Take one message of the kernel's tool comm: a request, a resent request, or a cancellation."""
@@ -106,11 +106,9 @@ class ToolBridge:
         """The calls in flight: each one's id and request line, as the kernel sent them."""
         return list(self._lines.items())
 
-    async def call_ended(self) -> None:
-        """Wait until a call in flight ends."""
-        if self._ended is None:
-            self._ended = anyio.Event()
-        await self._ended.wait()
+    def call_end(self) -> anyio.Event:
+        """Set when a call in flight next ends (take it before looking at `in_flight`, so no end is missed)."""
+        return self._ended
 
     def cancel_all(self) -> None:
         """Cancel every call in flight (the kernel is gone)."""
@@ -136,9 +134,8 @@ class ToolBridge:
             self._calls.pop(call_id, None)
             self._lines.pop(call_id, None)
             self._finish(call_id)
-            if self._ended is not None:
-                self._ended.set()
-                self._ended = None
+            self._ended.set()
+            self._ended = anyio.Event()
 
     def _finish(self, call_id: str) -> None:
         self._finished[call_id] = None
