@@ -3,7 +3,8 @@
 ``ipybox generate NAME -- COMMAND ARGS...`` and ``ipybox generate NAME --url URL [--transport sse]``
 write the typed package of an MCP server; ``ipybox stubs`` prints the prompt stubs of generated
 packages; ``ipybox auth import --url URL`` keeps OAuth tokens obtained elsewhere; ``ipybox mcp``
-serves ipybox over MCP. Each subcommand is a ``_cmd_*`` function registered in `_build_parser`.
+serves ipybox over MCP; ``ipybox kernel-host --port P --token-file F`` keeps sandboxed kernels in a
+long-lived local host for durable approvals. Each subcommand is a ``_cmd_*`` function registered in `_build_parser`.
 """
 
 from __future__ import annotations
@@ -167,6 +168,13 @@ def _cmd_mcp(args: argparse.Namespace) -> int:
     return run_parsed(args)
 
 
+def _cmd_kernel_host(args: argparse.Namespace) -> int:
+    # Imported here: only this subcommand runs a gateway.
+    from ._gateway._kernelhost import run_kernel_host
+
+    return run_kernel_host(args.port, Path(args.token_file))
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ipybox", description="Sandboxed Python code actions with MCP tools.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -236,6 +244,19 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     add_mcp_arguments(mcp)
     mcp.set_defaults(handler=_cmd_mcp)
+
+    host = commands.add_parser(
+        "kernel-host",
+        help="keep sandboxed kernels in a long-lived local host (127.0.0.1, with a token), so that code "
+        "actions suspended at an approval can be resumed by any process on this machine",
+    )
+    host.add_argument("--port", type=int, required=True, help="the port on 127.0.0.1 to listen on")
+    host.add_argument(
+        "--token-file",
+        required=True,
+        help="where to write the host's token (mode 0600; replaced if it exists, removed when the host stops)",
+    )
+    host.set_defaults(handler=_cmd_kernel_host)
     return parser
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import anyio
 import pytest
 from deadline_support import patient
+from servers.durable_agents import PARALLEL
 from servers.fixtures import stdio_server
 from servers.gateway import Gateway, run_gateway
 
@@ -235,3 +236,136 @@ async def test_a_gateway_restart_loses_a_suspended_execution_and_resume_says_so(
             with anyio.fail_after(patient(WORKER_DEADLINE)), pytest.raises(ExecutionLost, match="HTTP 404"):
                 await ex.resume(locator, secret=secret, decision=ApprovalDecision(approved=True))
     assert calls(call_log) == []
+
+
+async def suspended_in_two_calls(
+    gateway: Gateway, workspace: Path, tools_dir: Path, call_log: Path, secret: bytes, *, show: str
+) -> tuple[str, dict[str, str]]:
+    """Process A's part, in an executor of its own: run `PARALLEL` until both calls wait, suspend it
+    showing the call for ``show``; the locator and each item's request id."""
+    async with executor(gateway, workspace, tools_dir) as a:
+        a.register_mcp_server("test", stdio_server(call_log=call_log))
+        execution = a.execute(PARALLEL, key="action-2")
+        requests: dict[str, str] = {}
+        with anyio.fail_after(patient(WORKER_DEADLINE)):
+            async for event in execution:
+                if isinstance(event, ApprovalRequest):
+                    requests[event.tool_args["item_id"]] = event.id
+                    if len(requests) == 2:
+                        break
+            locator = await a.suspend(execution, secret=secret, ttl=3600, shown=requests[show])
+    assert {call["request"] for call in payload_of(locator)["calls"]} == set(requests.values())  # pyright: ignore[reportGeneralTypeIssues, reportUnknownVariableType]
+    assert calls(call_log) == []
+    return locator, requests
+
+
+async def test_two_pending_calls_of_one_action_the_answer_goes_to_the_call_shown_and_the_other_is_asked(
+    gateway: Gateway, tools_dir: Path, call_log: Path, secret: bytes, tmp_path: Path
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    # The person saw the second call's request (x2), not the first one the kernel made.
+    locator, requests = await suspended_in_two_calls(gateway, tmp_path / "a", tools_dir, call_log, secret, show="x2")
+    async with executor(gateway, tmp_path / "b", tools_dir) as b:
+        b.register_mcp_server("test", stdio_server(call_log=call_log))
+        # The answer stored for x2, presented as x1's (a state edited to move it): refused, nothing runs.
+        with pytest.raises(InvalidLocator, match="suspended showing"):
+            b.resume(locator, secret=secret, decision=ApprovalDecision(approved=True), request_id=requests["x1"])
+        assert calls(call_log) == []
+        asked: list[object] = []
+        with anyio.fail_after(patient(WORKER_DEADLINE)):
+            execution = b.resume(
+                locator, secret=secret, decision=ApprovalDecision(approved=True), request_id=requests["x2"]
+            )
+            async for event in execution:
+                if isinstance(event, ApprovalRequest):
+                    # Only the call nobody answered is asked again; refused here.
+                    asked.append(event.tool_args["item_id"])
+                    await event.reject("not x1")
+            result = await execution
+    assert asked == ["x1"]
+    assert result.text == "[('x1', 'ToolCallRejected'), ('x2', 'deleted x2')]\n"
+    assert calls(call_log) == ["delete_item x2"]
+
+
+async def test_a_pending_call_nobody_answered_is_suspended_again_and_resumed_with_its_own_answer(
+    gateway: Gateway, tools_dir: Path, call_log: Path, secret: bytes, tmp_path: Path
+) -> None:
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+    locator, requests = await suspended_in_two_calls(gateway, tmp_path / "a", tools_dir, call_log, secret, show="x1")
+    # B applies the answer to x1, then suspends again at x2, which nobody answered yet.
+    async with executor(gateway, tmp_path / "b", tools_dir) as b:
+        b.register_mcp_server("test", stdio_server(call_log=call_log))
+        with anyio.fail_after(patient(WORKER_DEADLINE)):
+            execution = b.resume(
+                locator, secret=secret, decision=ApprovalDecision(approved=True), request_id=requests["x1"]
+            )
+            again: ApprovalRequest | None = None
+            async for event in execution:
+                if isinstance(event, ApprovalRequest):
+                    again = event
+                    break
+            assert again is not None and again.tool_args == {"item_id": "x2"}
+            second = await b.suspend(execution, secret=secret, ttl=3600, shown=again.id)
+    assert calls(call_log) == ["delete_item x1"]
+    assert [call["request"] for call in payload_of(second)["calls"]] == [again.id]  # pyright: ignore[reportGeneralTypeIssues, reportUnknownVariableType]
+    # C answers x2 (rejects it) from the second locator; x1 does not run again.
+    async with executor(gateway, tmp_path / "c", tools_dir) as c:
+        c.register_mcp_server("test", stdio_server(call_log=call_log))
+        with anyio.fail_after(patient(WORKER_DEADLINE)):
+            result = await c.resume(
+                second, secret=secret, decision=ApprovalDecision(approved=False, reason="no"), request_id=again.id
+            )
+    assert result.text == "[('x1', 'deleted x1'), ('x2', 'ToolCallRejected')]\n"
+    assert calls(call_log) == ["delete_item x1"]
+
+
+# Kernel code that makes the kernel grant every resumer its hold (an honest kernel grants one): a
+# thread keeps the hold in place and untaken.
+GRANTS_EVERY_RELEASE = (
+    "import threading, time\n"
+    "import ipybox_kernel._remote as remote\n"
+    "def keep_granting():\n"
+    "    while True:\n"
+    "        remote._hold_taken = False\n"
+    "        if remote._hold is None:\n"
+    "            remote._hold = threading.Timer(10**6, lambda: None)\n"
+    "        time.sleep(0.01)\n"
+    "threading.Thread(target=keep_granting, daemon=True).start()\n"
+)
+
+
+async def test_a_stored_decision_is_applied_once_even_when_the_kernel_releases_twice(
+    gateway: Gateway, tools_dir: Path, call_log: Path, secret: bytes, tmp_path: Path
+) -> None:
+    for name in ("a", "b1", "b2"):
+        (tmp_path / name).mkdir()
+    code = (
+        GRANTS_EVERY_RELEASE
+        + "from mcptools.test import delete_item\n"
+        + ("print(delete_item.run(delete_item.Params(item_id='x1')))\n")
+    )
+    async with executor(gateway, tmp_path / "a", tools_dir) as a:
+        a.register_mcp_server("test", stdio_server(call_log=call_log))
+        execution = a.execute(code, key="action-3")
+        with anyio.fail_after(patient(WORKER_DEADLINE)):
+            async for event in execution:
+                if isinstance(event, ApprovalRequest):
+                    break
+            locator = await a.suspend(execution, secret=secret, ttl=3600)
+    approve = ApprovalDecision(approved=True)
+    async with (
+        executor(gateway, tmp_path / "b1", tools_dir) as b1,
+        executor(gateway, tmp_path / "b2", tools_dir) as b2,
+    ):
+        for ex in (b1, b2):
+            ex.register_mcp_server("test", stdio_server(call_log=call_log))
+        with anyio.fail_after(patient(WORKER_DEADLINE)):
+            assert (await b1.resume(locator, secret=secret, decision=approve)).text == "result='deleted x1'\n"
+        assert calls(call_log) == ["delete_item x1"]
+        # The same locator and stored decision again, in another executor of this process: the
+        # kernel would grant it, the host does not apply the decision a second time.
+        with pytest.raises(ExecutionLost, match="applied already"):
+            b2.resume(locator, secret=secret, decision=approve)
+    assert calls(call_log) == ["delete_item x1"]

@@ -47,7 +47,18 @@ HELD = HeldKernel(
 
 def sealed(hold: float = 60.0, secret: bytes = SECRET) -> str:
     output = [CodeExecutionChunk(text="before\n", stream="stdout")]
-    return seal_locator(HELD, code="print(1)", key="k", timeout=30.0, ttl=None, output=output, hold=hold, secret=secret)
+    return seal_locator(
+        HELD,
+        code="print(1)",
+        key="k",
+        timeout=30.0,
+        ttl=None,
+        output=output,
+        hold=hold,
+        secret=secret,
+        requests=("e1:1",),
+        shown="e1:1",
+    )
 
 
 def test_a_sealed_locator_reads_back_as_it_was_made() -> None:
@@ -55,6 +66,18 @@ def test_a_sealed_locator_reads_back_as_it_was_made() -> None:
     assert suspension.held == HELD
     assert (suspension.code, suspension.key, suspension.timeout, suspension.ttl) == ("print(1)", "k", 30.0, None)
     assert suspension.output == (CodeExecutionChunk(text="before\n", stream="stdout"),)
+    assert (suspension.requests, suspension.shown) == (("e1:1",), "e1:1")
+
+
+def test_a_signed_locator_that_shows_a_request_it_does_not_hold_is_refused() -> None:
+    from ipybox._engine._suspension import _b64, _tag
+
+    body = sealed().split(".")
+    payload = json.loads(base64.urlsafe_b64decode(body[2] + "=" * (-len(body[2]) % 4)))
+    payload["shown"] = "e1:2"
+    signed = f"{body[0]}.{body[1]}.{_b64(json.dumps(payload).encode())}"
+    with pytest.raises(InvalidLocator, match="not one ipybox made"):
+        read_locator(f"{signed}.{_b64(_tag(SECRET, signed))}", SECRET)
 
 
 def test_a_locator_holds_nothing_secret() -> None:

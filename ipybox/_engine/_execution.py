@@ -328,6 +328,10 @@ class ExecutionDriver:
         self.account = Tally()
         """What its tool calls came to so far; the gate counts (`CodeExecutionResult.account`)."""
 
+    def change(self) -> anyio.Event:
+        """Set when the execution next gets an event or ends (take it before looking at the log)."""
+        return self._state.changed
+
     def on_delivered(self, callback: Callable[[Execution], None]) -> None:
         """Call ``callback`` once, when the outcome has first been delivered to a consumer."""
         self._state.on_delivered = callback

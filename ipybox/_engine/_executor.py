@@ -62,6 +62,7 @@ from ._results import CodeExecutionChunk
 from ._running import run_execution
 from ._toolevents import ToolCallHook
 from ._tracing import ActionTracer, Tracing
+from ._waiting import wait_any
 
 if TYPE_CHECKING:
     from ipybox._gateway._held import HeldKernel
@@ -428,12 +429,13 @@ class CodeExecutor:
         tg.start_soon(self._drive, driver, otel_context.get_current())
         return execution
 
-    async def suspend(self, execution: Execution, *, secret: bytes, ttl: float) -> str:
+    async def suspend(self, execution: Execution, *, secret: bytes, ttl: float, shown: str | None = None) -> str:
         """Hand a paused execution over to another process: return its locator, and let it go here.
 
         The execution must be the one running, on a `GatewayKernel`, with every tool call it makes
         waiting for approval (iterate it until an `ApprovalRequest`, then suspend instead of
-        answering). The kernel stays on the gateway, blocked in those calls; this executor sends it
+        answering); while a call of it is approved and running, or made and not asked yet, this
+        waits for it to end or be asked. The kernel stays on the gateway, blocked in those calls; this executor sends it
         nothing more and does not delete it, and the execution ends here with `ExecutionSuspended`
         (the next execution here gets a fresh kernel). Any process can then `resume` it from the
         locator with the same ``secret``, once, within ``ttl``: it is asked again for the pending
@@ -450,17 +452,25 @@ class CodeExecutor:
                 worker, and never where kernel code can read it.
             ttl: Seconds the kernel holds the execution for a resume (hours are fine); then the
                 kernel's process ends and resuming raises `ExecutionLost`.
+            shown: The id of the pending `ApprovalRequest` the application shows a person: a
+                ``decision`` given on resume answers this call and no other (the other pending
+                calls are asked again). None: the first pending request.
 
         Raises:
             UsageError: The execution is not running here, not paused at tool-call approvals only,
-                or not on a gateway kernel; or ``secret`` or ``ttl`` is not valid.
+                or not on a gateway kernel; ``shown`` is not one of its pending requests; or
+                ``secret`` or ``ttl`` is not valid.
             KernelConnectionLost: The kernel was lost before it took the hold.
         """
         from ._suspension import check_hold, check_secret, seal_locator
 
         self._require_running()
         secret, hold = check_secret(secret), check_hold(ttl)
-        kernel, driver, msg_id, held = await self._pending_held(execution)
+        await self._until_every_call_asked(execution)
+        kernel, driver, msg_id, held, requests = await self._pending_held(execution)
+        shown = requests[0] if shown is None else shown
+        if shown not in requests:
+            raise UsageError(f"{shown!r} is not a pending tool-call request of {execution!r}")
         from ipybox._gateway._held import HeldLost
 
         try:
@@ -483,6 +493,8 @@ class CodeExecutor:
             output=[event for event in execution.log if isinstance(event, CodeExecutionChunk)],
             hold=hold,
             secret=secret,
+            requests=requests,
+            shown=shown,
         )
         if execution.key is not None:
             self._keyed.release(execution, "was suspended; resume it from its locator")
@@ -496,8 +508,28 @@ class CodeExecutor:
         logger.info("suspended execution %s (msg %s) on kernel %s", execution.id, msg_id, held.kernel_id)
         return locator
 
-    async def _pending_held(self, execution: Execution) -> tuple[RemoteKernel, ExecutionDriver, str, HeldKernel]:
-        """The running execution's kernel, driver and request id, and what a locator holds of it.
+    async def _until_every_call_asked(self, execution: Execution) -> None:
+        """Wait while a tool call of the running execution is in flight without waiting for approval:
+        decided and running (it ends), or not asked yet (its request comes, or it ends)."""
+        from ipybox._gateway._remotekernel import RemoteKernel
+
+        while True:
+            current, kernel = self._gate.current(), self._kernels.kernel
+            if current is None or current[0].execution is not execution or not isinstance(kernel, RemoteKernel):
+                return  # _pending_held says why it cannot be suspended
+            driver = current[0]
+            # Taken before looking, with no await in between: an end or an event after the look sets them.
+            ended, changed = kernel.call_end(), driver.change()
+            pending = [e for e in execution.log if isinstance(e, ApprovalRequest) and e.decision is None]
+            if driver.done or len(kernel.in_flight()) <= len(pending):
+                return
+            await wait_any(ended, changed)
+
+    async def _pending_held(
+        self, execution: Execution
+    ) -> tuple[RemoteKernel, ExecutionDriver, str, HeldKernel, tuple[str, ...]]:
+        """The running execution's kernel, driver and request id, what a locator holds of it, and the
+        `ApprovalRequest` id each held call was asked as.
 
         Raises:
             UsageError: It cannot be suspended now (see `suspend`).
@@ -537,10 +569,36 @@ class CodeExecutor:
             msg_id=msg_id,
             calls=tuple(calls),
         )
-        return kernel, driver, msg_id, held
+        return kernel, driver, msg_id, held, self._asked_as(calls, [request.id for request in pending])
+
+    def _asked_as(self, calls: list[HeldCall], pending: list[str]) -> tuple[str, ...]:
+        """The pending request each call waiting in the kernel was asked as, each request taken once
+        (two identical calls pair with their requests in order: they are the same call twice).
+
+        Raises:
+            UsageError: A call matches no pending request (it was not asked here).
+        """
+        from ._suspension import pending_request
+
+        free = list(pending)
+        requests: list[str] = []
+        for call in calls:
+            parsed = pending_request(call.line, self._side.token)
+            request_id = None if parsed is None else self._gate.request_for(parsed, free)
+            if request_id is None:
+                raise UsageError("a tool call waiting in the kernel was not asked here: suspend once every call waits")
+            free.remove(request_id)
+            requests.append(request_id)
+        return tuple(requests)
 
     def resume(
-        self, locator: str, *, secret: bytes, decision: ApprovalDecision | None = None, key: str | None = None
+        self,
+        locator: str,
+        *,
+        secret: bytes,
+        decision: ApprovalDecision | None = None,
+        request_id: str | None = None,
+        key: str | None = None,
     ) -> Execution:
         """Resume a suspended execution from its locator, in this process, and return it.
 
@@ -558,24 +616,30 @@ class CodeExecutor:
         Args:
             locator: What `suspend` returned.
             secret: The secret it was made with.
-            decision: The decision on every call that waited when it was suspended (an answer a
-                person gave meanwhile), applied without an `ApprovalRequest` event (the tool-call
-                hook and the trace record it); None: ask again.
+            decision: The answer a person gave meanwhile to the request the execution was
+                suspended showing (``suspend``'s ``shown``), applied to that call only, once per
+                locator in this process, without an `ApprovalRequest` event (the tool-call hook and
+                the trace record it); the other pending calls are asked again. None: ask again.
+            request_id: The id of the request ``decision`` answers, as the person saw it: it must
+                be the one the locator was suspended showing (a decision stored for one call is
+                never applied to another). None: not checked.
             key: The key the suspended execution must have (None: any). An application that keeps
                 locators in per-action state passes the action's key, so that a locator copied
                 from another action's or conversation's state is refused.
 
         Raises:
-            InvalidLocator: Not made with ``secret``, changed, not a locator, or of an execution
-                with another key than ``key``.
-            ExecutionLost: It expired. If the kernel is gone (its hold ran out, the gateway
-                restarted, it was resumed elsewhere already), the returned execution fails with
-                `ExecutionLost` instead; in both cases nothing was re-run.
+            InvalidLocator: Not made with ``secret``, changed, not a locator, of an execution
+                with another key than ``key``, or suspended showing another request than
+                ``request_id``.
+            ExecutionLost: It expired, or this process applied a decision to it already. If the
+                kernel is gone (its hold ran out, the gateway restarted, it was resumed elsewhere
+                already), the returned execution fails with `ExecutionLost` instead; in both cases
+                nothing was re-run.
             UsageError: This executor's kernel is not a `GatewayKernel` at the locator's URL.
         """
         from ipybox._gateway._gatewaykernel import GatewayKernel
 
-        from ._suspension import check_secret, read_locator
+        from ._suspension import check_secret, decide_once, read_locator
 
         tg = self._require_running()
         suspension = read_locator(locator, check_secret(secret))
@@ -589,10 +653,18 @@ class CodeExecutor:
             )
         if decision is not None and not isinstance(decision, ApprovalDecision):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise UsageError(f"decision must be an ApprovalDecision or None, got {decision!r}")
+        if request_id is not None and request_id != suspension.shown:
+            # Genuine, but the answer stored with it was given to another request (an edited state).
+            raise InvalidLocator(
+                f"the decision answers request {request_id!r}, but the execution was suspended showing "
+                f"{suspension.shown!r}; nothing was run"
+            )
         if suspension.key is not None:
             existing = self._keyed.existing(suspension.key, suspension.code)
             if existing is not None:
                 return existing  # resumed in this executor already
+        if decision is not None:
+            decide_once(suspension)
         execution, driver = open_execution(
             suspension.code, key=suspension.key, timeout=suspension.timeout, ttl=suspension.ttl
         )
@@ -638,10 +710,11 @@ class CodeExecutor:
                     try:
                         async with self._gate.running(driver, held.msg_id, kernel):
                             if decision is not None:
-                                for call in calls:
-                                    request = pending_request(call.line, self._side.token)
-                                    if request is not None:
-                                        self._gate.preset(request, decision)
+                                # The shown call only: a decision answers what a person saw.
+                                shown = calls[suspension.requests.index(suspension.shown)]
+                                request = pending_request(shown.line, self._side.token)
+                                if request is not None:
+                                    self._gate.preset(request, decision)
                             for call in calls:
                                 kernel.feed(call)
                             await run_execution(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from time import perf_counter
@@ -129,6 +129,9 @@ class ApprovalGate:
         # Decisions made before their requests were asked (a resumed execution's), for the running
         # execution's calls with exactly these requests (`preset`), each taken once.
         self._presets: dict[str, ApprovalDecision] = {}
+        # The running execution's tool-call requests: each `ApprovalRequest` id with its call's
+        # `_preset_key`, to tell which request a call waiting in the kernel is (`request_for`).
+        self._asked: dict[str, str] = {}
 
     @asynccontextmanager
     async def running(self, driver: ExecutionDriver, msg_id: str, kernel: KernelHandle) -> AsyncGenerator[None]:
@@ -148,6 +151,7 @@ class ApprovalGate:
         finally:
             self._driver = self._msg_id = self._left_running = None
             self._presets.clear()
+            self._asked.clear()
             self._left.end(driver.execution.id)
             # Both: the executor's policy may have been changed while it ran.
             self._remember(began, driver.execution.id)
@@ -164,6 +168,12 @@ class ApprovalGate:
         ``decision`` instead of asking: a decision given with a resumed execution for its pending
         call. Taken once; dropped when the execution ends."""
         self._presets[_preset_key(call)] = decision
+
+    def request_for(self, call: ToolRequest, among: Sequence[str]) -> str | None:
+        """Of the running execution's request ids ``among``, the first whose call was exactly ``call``
+        (the token aside): which request a call still waiting in the kernel was asked as."""
+        key = _preset_key(call)
+        return next((request_id for request_id in among if self._asked.get(request_id) == key), None)
 
     def unmarked(self, call: ToolRequest) -> bool:
         """Whether the running execution's later calls may come without an output mark: ``call`` is
@@ -209,7 +219,8 @@ class ApprovalGate:
             call_site=call_site_of(driver.execution.code, call.line, call.module),
             left_running=self._left_running,
         )
-        preset = self._presets.pop(_preset_key(call), None) if self._presets else None
+        self._asked[request.id] = _preset_key(call)
+        preset = self._presets.pop(self._asked[request.id], None) if self._presets else None
         return await self._decide(driver, request, after_mark=call.mark, call=call, preset=preset)
 
     async def elicitation(

@@ -11,7 +11,9 @@ time, before the payload is parsed: a locator not made with the secret is refuse
 it, and one that was changed anywhere (an argument, the kernel, the expiry) fails the check. The
 payload holds nothing secret: the gateway URL and kernel id, the websocket's Jupyter session, the
 kernel process's session, the execute request's id, the pending calls' request lines as the
-suspending host got them, the code, the output sent before the pause and the expiry.
+suspending host got them with the id of the `ApprovalRequest` each was asked as, which of them was
+shown to a person (the one a decision on resume answers), the code, the output sent before the pause
+and the expiry.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import math
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,6 +45,7 @@ __all__ = (
     "Suspension",
     "check_hold",
     "check_secret",
+    "decide_once",
     "pending_request",
     "read_locator",
     "request_mark",
@@ -53,6 +57,10 @@ PREFIX = "ipybox-suspended"
 VERSION = 1
 # HMAC-SHA256 keys shorter than its output weaken it; an application's secret must not be a password.
 MIN_SECRET_BYTES = 32
+# Suspensions whose decision this process has applied (`decide_once`): bounded, oldest dropped first;
+# a locator's own expiry ends its use sooner than this many newer resumes with a decision push it out.
+_DECIDED_KEPT = 100_000
+_decided: OrderedDict[str, None] = OrderedDict()
 # A locator larger than this was not made by ipybox (its output and calls are bounded far below).
 MAX_LOCATOR_CHARS = 256 * 1024 * 1024
 
@@ -61,6 +69,8 @@ class _Call(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     id: str = Field(min_length=1, max_length=64)
     line: str
+    request: str = Field(min_length=1, max_length=1024)
+    """The id of the `ApprovalRequest` the suspending host asked this call as."""
 
 
 class _Chunk(BaseModel):
@@ -79,6 +89,8 @@ class _Payload(BaseModel):
     kernel_session: str = Field(min_length=1, max_length=1024)
     msg_id: str = Field(min_length=1, max_length=1024)
     calls: list[_Call] = Field(min_length=1)
+    shown: str = Field(min_length=1, max_length=1024)
+    """The request id, of one of ``calls``, shown to a person: a decision on resume answers it."""
     code: str
     key: str | None
     timeout: float | None
@@ -102,6 +114,12 @@ class Suspension:
     output: tuple[CodeExecutionChunk, ...]
     expires: float
     """When the suspension's hold ends (seconds since the epoch)."""
+    requests: tuple[str, ...]
+    """Per call of ``held.calls``, the id of the `ApprovalRequest` it was asked as before."""
+    shown: str
+    """Which of ``requests`` was shown to a person: the one a decision on resume answers."""
+    nonce: str
+    """This suspension's own random id."""
 
 
 def check_secret(secret: object) -> bytes:
@@ -128,8 +146,12 @@ def seal_locator(
     output: list[CodeExecutionChunk],
     hold: float,
     secret: bytes,
+    requests: tuple[str, ...],
+    shown: str,
 ) -> str:
-    """The locator of a suspended execution, sealed with ``secret``; it expires ``hold`` seconds from now."""
+    """The locator of a suspended execution, sealed with ``secret``; it expires ``hold`` seconds from now.
+    ``requests``: the request id of each of ``held.calls``; ``shown``: the one shown to a person."""
+    assert len(requests) == len(held.calls) and shown in requests
     now = time.time()
     payload = _Payload(
         url=held.url,
@@ -137,7 +159,11 @@ def seal_locator(
         session=held.session,
         kernel_session=held.kernel_session,
         msg_id=held.msg_id,
-        calls=[_Call(id=call.call_id, line=call.line) for call in held.calls],
+        calls=[
+            _Call(id=call.call_id, line=call.line, request=request)
+            for call, request in zip(held.calls, requests, strict=True)
+        ],
+        shown=shown,
         code=code,
         key=key,
         timeout=timeout,
@@ -181,6 +207,8 @@ def read_locator(locator: object, secret: bytes, *, now: float | None = None) ->
     except ValidationError:
         # Signed with the secret, yet not ours: another program shares the secret, which it must not.
         raise InvalidLocator("the locator is signed with this secret but is not one ipybox made") from None
+    if payload.shown not in {call.request for call in payload.calls}:
+        raise InvalidLocator("the locator is signed with this secret but is not one ipybox made")
     now = time.time() if now is None else now
     if not now < payload.expires:
         raise ExecutionLost(
@@ -203,7 +231,27 @@ def read_locator(locator: object, secret: bytes, *, now: float | None = None) ->
         ttl=payload.ttl,
         output=tuple(CodeExecutionChunk(text=chunk.text, stream=chunk.stream) for chunk in payload.output),
         expires=payload.expires,
+        requests=tuple(call.request for call in payload.calls),
+        shown=payload.shown,
+        nonce=payload.nonce,
     )
+
+
+def decide_once(suspension: Suspension) -> None:
+    """Record that this process applies a decision to ``suspension``'s shown call, once.
+
+    Raises:
+        ExecutionLost: This process applied a decision to it already (the same locator resumed again,
+            which an honest kernel refuses anyway): it is not applied to the call a second time.
+    """
+    if suspension.nonce in _decided:
+        raise ExecutionLost(
+            f"a decision on request {suspension.shown!r} of this suspended execution was applied already; "
+            "it is applied once, and nothing was re-run"
+        )
+    _decided[suspension.nonce] = None
+    while len(_decided) > _DECIDED_KEPT:
+        _decided.popitem(last=False)
 
 
 def check_hold(ttl: object) -> float:

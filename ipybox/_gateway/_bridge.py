@@ -66,6 +66,8 @@ class ToolBridge:
         # The request line of each call in flight, as received: what a suspended execution hands on.
         self._lines: dict[str, str] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
+        # Set when the next call in flight ends (`call_end`), then replaced.
+        self._ended = anyio.Event()
 
     def receive(self, data: Mapping[str, Any]) -> None:
         """Take one message of the kernel's tool comm: a request, a resent request, or a cancellation."""
@@ -104,6 +106,10 @@ class ToolBridge:
         """The calls in flight: each one's id and request line, as the kernel sent them."""
         return list(self._lines.items())
 
+    def call_end(self) -> anyio.Event:
+        """Set when a call in flight next ends (take it before looking at `in_flight`, so no end is missed)."""
+        return self._ended
+
     def cancel_all(self) -> None:
         """Cancel every call in flight (the kernel is gone)."""
         for scope in self._calls.values():
@@ -128,6 +134,8 @@ class ToolBridge:
             self._calls.pop(call_id, None)
             self._lines.pop(call_id, None)
             self._finish(call_id)
+            self._ended.set()
+            self._ended = anyio.Event()
 
     def _finish(self, call_id: str) -> None:
         self._finished[call_id] = None

@@ -233,6 +233,10 @@ class RemoteKernel:
         """The tool calls of this kernel in flight on the host, as the kernel sent them."""
         return [] if self._bridge is None else [HeldCall(i, line) for i, line in self._bridge.in_flight()]
 
+    def call_end(self) -> anyio.Event:
+        """Set when a tool call of this kernel in flight on the host next ends (never without a bridge)."""
+        return anyio.Event() if self._bridge is None else self._bridge.call_end()
+
     def follow(self, msg_id: str) -> AsyncGenerator[KernelEvent]:
         """The events of the execute request ``msg_id``, which an earlier host sent (see `attach`).
 

@@ -52,7 +52,6 @@ __all__ = (
     "Durable",
     "Suspended",
     "ToolText",
-    "answering",
     "as_answered",
     "check_answers",
     "describe_tools",
@@ -527,17 +526,33 @@ class Durable:
             raise UsageError("durable approvals (secret=...) need a ttl: the seconds a kernel holds a paused action")
         return cls(secret=check_secret(secret), hold=check_hold(ttl))
 
-    def resume(self, executor: CodeExecutor, locator: object, key: str) -> Execution:
+    def resume(
+        self,
+        executor: CodeExecutor,
+        locator: object,
+        key: str,
+        decision: ApprovalDecision,
+        request_id: object,
+    ) -> Execution:
         """The suspended action of ``key`` resumed here from its ``locator`` (read from the framework's
-        state: refused unless made with the secret, unchanged, unexpired and of this very action).
+        state: refused unless made with the secret, unchanged, unexpired and of this very action),
+        with the framework's answer ``decision`` to the request ``request_id`` it showed. The answer
+        goes to exactly the call the locator was suspended showing, and is refused if ``request_id``
+        names another; the action's other pending calls are asked again.
 
         Raises:
             InvalidLocator: Refused; nothing was run.
-            ExecutionLost: It expired; nothing was re-run.
+            ExecutionLost: It expired, or this process applied its answer already; nothing was re-run.
         """
         if not isinstance(locator, str):
             raise InvalidLocator("the framework's state holds no locator string for this code action")
-        return executor.resume(locator, secret=self.secret, key=key)
+        if not isinstance(request_id, str):
+            raise InvalidLocator("the framework's state names no request the answer is for")
+        # A suspended call is a tool call, never a server's question: an answer with content refuses it.
+        if decision.content is not None:
+            decision = ApprovalDecision(approved=False, reason="an answer with content is for a server's question")
+        decision = replace(decision, by="adapter", remember=False)
+        return executor.resume(locator, secret=self.secret, key=key, decision=decision, request_id=request_id)
 
 
 class Suspended(Exception):
@@ -564,7 +579,9 @@ def suspending(executor: CodeExecutor, execution: Execution, durable: Durable, o
             while request.decision is None and not execution.done:
                 seen = len(execution.log)
                 try:
-                    locator = await executor.suspend(execution, secret=durable.secret, ttl=durable.hold)
+                    locator = await executor.suspend(
+                        execution, secret=durable.secret, ttl=durable.hold, shown=request.id
+                    )
                 except UsageError:
                     # A call of the execution is running or not yet asked: wait for what it does next.
                     if not await _next_event(execution, seen):
@@ -592,19 +609,3 @@ async def _next_event(execution: Execution, seen: int) -> bool:
     except IpyboxError:
         pass
     return False
-
-
-def answering(decision: ApprovalDecision, otherwise: Decide) -> Decide:
-    """A `Decide` for a resumed execution: the framework's answer decides the first tool call asked
-    again (the one its interrupt showed: a suspended execution's calls are asked again in the order
-    they were made), ``otherwise`` the rest."""
-    answered = False
-
-    async def decide(request: ApprovalRequest, payload: ApprovalPayload) -> ApprovalDecision:
-        nonlocal answered
-        if not answered and type(request) is ApprovalRequest and request.decision is None:
-            answered = True
-            return decision
-        return await otherwise(request, payload)
-
-    return decide

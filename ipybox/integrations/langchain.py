@@ -57,7 +57,6 @@ from ._core import (
     Decide,
     Durable,
     Suspended,
-    answering,
     check_answers,
     describe_tools,
     drive,
@@ -360,16 +359,19 @@ class IpyboxTool(BaseTool):
                             f"the decision answers request {answer.request_id!r}, not {value['request_id']!r}"
                         )
                     )
+                decision = ApprovalDecision(
+                    approved=answer.type != "reject", reason=answer.message, content=answer.content
+                )
                 try:
-                    execution = durable.resume(self.executor, value.get("locator"), key)
+                    # The answer goes to the call the interrupt showed (sealed in its locator), only.
+                    execution = durable.resume(
+                        self.executor, value.get("locator"), key, decision, value.get("request_id")
+                    )
                 except InvalidLocator as exc:
                     return ActionOutcome(text=f"refused to resume the code action, nothing was run: {exc}", error=exc)
                 except ExecutionLost as exc:
                     return ActionOutcome.lost(exc)
-                decision = ApprovalDecision(
-                    approved=answer.type != "reject", reason=answer.message, content=answer.content
-                )
-                decide = answering(decision, suspending(self.executor, execution, durable, _cannot_wait))
+                decide = suspending(self.executor, execution, durable, _cannot_wait)
             try:
                 # A part resumed from a locator continues, in LangSmith, under this run of the tool.
                 part = action_runs(execution, resumed=value is not None, values=values)  # pyright: ignore[reportPossiblyUnboundVariable]

@@ -72,7 +72,6 @@ from ipybox.integrations._core import (
     Durable,
     Suspended,
     ToolText,
-    answering,
     check_answers,
     describe_tools,
     drive,
@@ -294,8 +293,8 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
             if durable is not None and _answers_a_request(metadata) and "locator" in metadata:
                 # A durable resume: the action waits on the gateway, suspended by whichever process
                 # ran it; its locator is bound to this tool call's key.
-                first = _resume_decision({k: v for k, v in metadata.items() if k != "locator"})[0]
-                execution = durable.resume(self.executor, metadata["locator"], key)
+                first, shown = _resume_decision({k: v for k, v in metadata.items() if k != "locator"})
+                execution = durable.resume(self.executor, metadata["locator"], key, first, shown)
             elif _answers_a_request(metadata):
                 # A resume with a decision on one of this action's requests: its execution must
                 # exist, even in a process that never started it (which start_or_attach cannot tell).
@@ -331,13 +330,11 @@ class IpyboxToolset(AbstractToolset[AgentDepsT]):
             except Suspended as suspended:
                 raise ApprovalRequired(metadata=suspended.payload.to_json()) from None
 
-        decide: Decide = ask if first is None else answering(first, ask)
-
         async def show(chunk: CodeExecutionChunk) -> None:
             await ctx.emit(KernelOutputEvent(text=chunk.text, stream=chunk.stream))
 
         try:
-            outcome = await drive(execution, decide, on_output=show)
+            outcome = await drive(execution, ask, on_output=show)
         except anyio.get_cancelled_exc_class():
             # The run was cancelled: nothing can resume this call, so free the kernel.
             execution.cancel()

@@ -115,3 +115,23 @@ async def test_openai_agents_run_resumed_from_a_serialized_run_state_in_another_
     gateway: Gateway, tools_dir: Path, tmp_path: Path, secret: bytes
 ) -> None:
     await paused_resumed_and_replayed("openai_agents", gateway, tools_dir, tmp_path, secret)
+
+
+async def test_pydantic_ai_action_with_two_parallel_calls_each_answer_goes_to_its_call_across_processes(
+    gateway: Gateway, tools_dir: Path, tmp_path: Path, secret: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One code action whose two threads each call the tool: both wait when A suspends it.
+    monkeypatch.setenv("IPYBOX_TEST_PARALLEL", "1")
+    call_log = tmp_path / "calls.log"
+    started = await worker("pydantic_ai", "start", gateway, tools_dir, tmp_path, secret)
+    [(first_tool, first_args, has_locator)] = started["pending"].values()
+    assert first_tool == "delete_item" and has_locator
+    # B answers the call its state shows (x1 approved, x2 rejected); the other one is shown next.
+    second = await worker("pydantic_ai", "continue", gateway, tools_dir, tmp_path, secret)
+    [(_, second_args, _)] = second["pending"].values()
+    assert {first_args["item_id"], second_args["item_id"]} == {"x1", "x2"}
+    assert calls(call_log) == (["delete_item x1"] if first_args["item_id"] == "x1" else [])
+    # C answers the other; the action ends with each call answered as shown, x1 run once.
+    ended = await worker("pydantic_ai", "continue", gateway, tools_dir, tmp_path, secret)
+    assert ended["returns"] == {"call-1": "[('x1', 'deleted x1'), ('x2', 'ToolCallRejected')]\n"}
+    assert calls(call_log) == ["delete_item x1"]

@@ -3,7 +3,8 @@ its approvals and stores the framework's state, or resumes a run from stored sta
 
     python durable_agents.py FRAMEWORK start  URL TOKEN TOOLS_DIR CALL_LOG STATE_DIR
     python durable_agents.py FRAMEWORK resume URL TOKEN TOOLS_DIR CALL_LOG STATE_DIR
-        -> prints one JSON line: what the run returned
+    python durable_agents.py pydantic_ai continue URL TOKEN TOOLS_DIR CALL_LOG STATE_DIR
+        -> prints one JSON line: what the run returned (``continue`` stores the state it ends with)
 
 FRAMEWORK is ``pydantic_ai``, ``langgraph`` or ``openai_agents``. Each run is its own process, with
 its own executor on the gateway, tool server and MCP session (as two workers behind a load balancer
@@ -52,7 +53,26 @@ def action(item: str) -> str:
     )
 
 
-CODES = {"call-1": action("x1"), "call-2": action("x2")}
+# IPYBOX_TEST_PARALLEL=1: one code action whose two threads each delete one item (two calls pending at once).
+PARALLEL = (
+    "import threading\n"
+    "from mcptools.test import delete_item\n"
+    "done = {}\n"
+    "def call(item):\n"
+    "    try:\n"
+    "        done[item] = delete_item.run(delete_item.Params(item_id=item)).result\n"
+    "    except Exception as exc:\n"
+    "        done[item] = type(exc).__name__\n"
+    "threads = [threading.Thread(target=call, args=(item,)) for item in ('x1', 'x2')]\n"
+    "for thread in threads: thread.start()\n"
+    "for thread in threads: thread.join()\n"
+    "print(sorted(done.items()))\n"
+)
+CODES = (
+    {"call-1": PARALLEL}
+    if os.environ.get("IPYBOX_TEST_PARALLEL") == "1"
+    else {"call-1": action("x1"), "call-2": action("x2")}
+)
 DECISIONS = {"call-1": ApprovalDecision(approved=True), "call-2": ApprovalDecision(approved=False, reason=REJECTION)}
 
 
@@ -109,7 +129,7 @@ async def pydantic_start(run: Run) -> dict[str, Any]:
 async def pydantic_resume(run: Run) -> dict[str, Any]:
     from pydantic import TypeAdapter
     from pydantic_ai import DeferredToolRequests
-    from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelRequest, ToolReturnPart
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
 
     from ipybox.integrations.pydantic_ai import mcp_approval_results, pending_mcp_calls
 
@@ -123,14 +143,48 @@ async def pydantic_resume(run: Run) -> dict[str, Any]:
     requests = TypeAdapter(DeferredToolRequests).validate_json(text)
     results = mcp_approval_results(requests, DECISIONS)
     result = await pydantic_agent(run).run(message_history=messages, deferred_tool_results=results)
-    returns = {
+    returns = pydantic_returns(result)
+    return {"returns": returns, "output": result.output}
+
+
+def pydantic_returns(result: Any) -> dict[str, str]:
+    """What each tool call of the run's new messages returned, by tool call id."""
+    from pydantic_ai.messages import ModelRequest, ToolReturnPart
+
+    return {
         p.tool_call_id: p.model_response_str()
         for m in result.new_messages()
         if isinstance(m, ModelRequest)
         for p in m.parts
         if isinstance(p, ToolReturnPart)
     }
-    return {"returns": returns, "output": result.output}
+
+
+async def pydantic_continue(run: Run) -> dict[str, Any]:
+    """Answer what the stored state shows (approve x1, reject x2) and store the state again: the run
+    pauses once more (``pending``) or ends (``returns``)."""
+    from pydantic import TypeAdapter
+    from pydantic_ai import DeferredToolRequests
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    from ipybox.integrations.pydantic_ai import mcp_approval_results, pending_mcp_calls
+
+    messages = ModelMessagesTypeAdapter.validate_json((run.state / "messages.json").read_bytes())
+    requests = TypeAdapter(DeferredToolRequests).validate_json((run.state / "requests.json").read_bytes())
+    decisions = {
+        id: DECISIONS["call-1" if payload.args["item_id"] == "x1" else "call-2"]
+        for id, payload in pending_mcp_calls(requests).items()
+    }
+    result = await pydantic_agent(run).run(
+        message_history=messages, deferred_tool_results=mcp_approval_results(requests, decisions)
+    )
+    if isinstance(result.output, DeferredToolRequests):
+        (run.state / "messages.json").write_bytes(result.all_messages_json())
+        (run.state / "requests.json").write_bytes(TypeAdapter(DeferredToolRequests).dump_json(result.output))
+        pending = pending_mcp_calls(result.output)
+        return {"pending": {id: [p.tool, dict(p.args), p.locator is not None] for id, p in pending.items()}}
+    returns = pydantic_returns(result)
+    return {"returns": returns}
 
 
 # --- LangGraph: create_agent with a SQLite checkpointer ------------------------------------------
@@ -285,6 +339,7 @@ WORKERS: dict[tuple[str, str], Callable[[Run], Awaitable[dict[str, Any]]]] = {
     ("openai_agents", "resume"): openai_resume,
     ("pydantic_ai", "start"): pydantic_start,
     ("pydantic_ai", "resume"): pydantic_resume,
+    ("pydantic_ai", "continue"): pydantic_continue,
     ("langgraph", "start"): langgraph_start,
     ("langgraph", "resume"): langgraph_resume,
 }

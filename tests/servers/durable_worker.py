@@ -43,7 +43,11 @@ CODE = (
 
 
 def executor(url: str, token: str, tools: str, workspace: str) -> CodeExecutor:
-    kernel = GatewayKernel(url, token=token, allow_unisolated_kernel=True)
+    # IPYBOX_TEST_ISOLATED=1: the kernel host's kernels must pass the isolation check (sandboxed).
+    if os.environ.get("IPYBOX_TEST_ISOLATED") == "1":
+        kernel = GatewayKernel(url, token=token, kernel_name="ipybox-sandboxed")
+    else:
+        kernel = GatewayKernel(url, token=token, allow_unisolated_kernel=True)
     return CodeExecutor(workspace=workspace, tools_dir=tools, kernel=kernel)
 
 

@@ -62,7 +62,6 @@ from ipybox.integrations._core import (
     Decide,
     Durable,
     Suspended,
-    answering,
     drive,
     start_or_attach,
     suspending,
@@ -373,13 +372,13 @@ class _KernelDriver(Model):
             outputs = [_field(i, "output") for i in items if _field(i, "type") == "function_call_output"]
             decision = ApprovalDecision(approved=False, reason=_text(outputs[-1]) if outputs else None)
         try:
-            execution = durable.resume(self._executor, locator, key)
+            execution = durable.resume(self._executor, locator, key, decision, _split_call_id(call_id)[1])
         except InvalidLocator as exc:
             return ActionOutcome(text=f"refused to resume the code action, nothing was run: {exc}", error=exc)
         except ExecutionLost as exc:
             return ActionOutcome.lost(exc)
         with action_step_span(execution, resumed=True) as ended:
-            step = await self._step(key, execution, first=decision)
+            step = await self._step(key, execution)
             ended(step)
         return step
 
@@ -411,15 +410,11 @@ class _KernelDriver(Model):
             ended(step)
         return step
 
-    async def _step(
-        self, key: str, execution: Execution, *, first: ApprovalDecision | None = None
-    ) -> ActionOutcome | ApprovalPayload:
+    async def _step(self, key: str, execution: Execution) -> ActionOutcome | ApprovalPayload:
         sink = output_sink(self._on_output, _tool_context.get())
         decide: Decide = _ask
         if self._durable is not None:
             decide = suspending(self._executor, execution, self._durable, _ask)
-        if first is not None:
-            decide = answering(first, decide)
         while True:
             try:
                 return await drive(execution, decide, on_output=sink)
