@@ -170,7 +170,11 @@ async def test_interrupting_a_waiting_call_cancels_it_on_the_host_and_the_next_c
             cancelled.set()
         raise AssertionError("this gate only ends by being cancelled")
 
+    # The process turns SIGINT into KeyboardInterrupt itself, as an IPython kernel does while it runs
+    # a cell: started from a test run in the background, it would inherit SIGINT ignored.
     code = (
+        "import signal\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from ipybox_kernel import call_tool\n"
         "print('ready', flush=True)\n"
         "try:\n    call_tool('test', 'delete_item', {'item_id': '1'})\n"
