@@ -307,6 +307,9 @@ def tool_arguments(
         validated = model.model_validate({} if params is None else params)
     except ValidationError as exc:
         raise _suggesting(exc, model) from None
+    if _flat(validated):
+        # Nothing for the walks below to find: no undeclared key, no None, nothing nested.
+        return validated.model_dump(mode="json", by_alias=True, exclude_unset=True)
     undeclared: list[str] = []
     _find_undeclared(validated, (), undeclared)
     for where in undeclared:
@@ -316,6 +319,18 @@ def tool_arguments(
         )
     exclude = _unset_nones(validated)
     return validated.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude=exclude or None)
+
+
+# Values that hold no model, no key and no None: a model whose set fields are only these needs no walk.
+_SCALARS = frozenset({str, int, float, bool})
+
+
+def _flat(model: BaseModel) -> bool:
+    """Whether ``model`` has no extra keys and every field the caller set is a plain scalar."""
+    if model.__pydantic_extra__ or isinstance(model, RootModel):
+        return False
+    values = model.__dict__
+    return all(type(values.get(name)) in _SCALARS for name in model.__pydantic_fields_set__)
 
 
 def _nullable(model: type[BaseModel], name: str) -> bool:

@@ -26,6 +26,7 @@ from ._transport import IN_PROCESS, Abort, CallSite, call_executor, kernel_setti
 
 __all__ = ("acall_tool", "call_tool")
 
+_DECODER = json.JSONDecoder()
 # Image types Jupyter front ends render; other content stays in ToolOutput.content only.
 _DISPLAYED_IMAGES = frozenset({"image/png", "image/jpeg", "image/gif", "image/svg+xml"})
 
@@ -87,7 +88,8 @@ async def acall_tool(server_name: str, tool_name: str, arguments: dict[str, Any]
 
 def _parse_reply(server_name: str, tool_name: str, line: bytes, execution: str | None = None) -> ToolOutput:
     try:
-        reply: Any = json.loads(line)
+        # The host writes UTF-8 without a BOM: json.loads would first look for another encoding.
+        reply: Any = _DECODER.decode(line.decode("utf-8", "surrogatepass"))
     except ValueError:
         reply = None
     if not isinstance(reply, dict):

@@ -228,11 +228,16 @@ class InProcess:
 IN_PROCESS: contextvars.ContextVar[InProcess | None] = contextvars.ContextVar("ipybox_in_process", default=None)
 
 
-def kernel_setting(name: str) -> str | None:
-    """One of this kernel's settings: the in-process kernel's whose cell runs in this context, else the
-    environment's."""
+def kernel_settings() -> Mapping[str, str]:
+    """This kernel's settings: the in-process kernel's whose cell runs in this context, else the
+    environment."""
     in_process = IN_PROCESS.get()
-    return (os.environ if in_process is None else in_process.env).get(name)
+    return os.environ if in_process is None else in_process.env
+
+
+def kernel_setting(name: str) -> str | None:
+    """One of this kernel's settings (see `kernel_settings`)."""
+    return kernel_settings().get(name)
 
 
 def round_trip(
@@ -249,10 +254,11 @@ def round_trip(
         ToolServerUnavailable: The tool server cannot be reached, or hung up during the call.
         ToolCallError: The request cannot be sent (arguments), or the call was cancelled.
     """
-    path = kernel_setting(SOCKET_ENV)
-    token = kernel_setting(TOKEN_ENV)
-    remote = kernel_setting(TRANSPORT_ENV) == TRANSPORT_KERNEL
+    settings = kernel_settings()
     in_process = IN_PROCESS.get()
+    path = settings.get(SOCKET_ENV)
+    token = settings.get(TOKEN_ENV)
+    remote = settings.get(TRANSPORT_ENV) == TRANSPORT_KERNEL
     output_mark = _output_mark if in_process is None else in_process.output_mark
     if in_process is not None and abort is None:
         abort = Abort()

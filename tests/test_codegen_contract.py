@@ -599,6 +599,50 @@ def test_params_changed_past_its_checks_are_checked_again_when_sent(tmp_path: Pa
     assert sent(module, ok) == {"path": "notes.txt"}
 
 
+FLAT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "s": {"type": "string"},
+        "i": {"type": "integer"},
+        "f": {"type": "number"},
+        "b": {"type": "boolean"},
+        "o": {"type": "string"},
+        "n": {"type": ["string", "null"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["s"],
+}
+
+
+def _never_flat(model: object) -> bool:
+    return False
+
+
+def test_arguments_of_plain_values_skip_the_walks_and_send_what_the_walks_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Arguments that are only plain values (the common call) skip looking for undeclared keys and
+    Nones; whatever is sent with the shortcut is what the full walk sends, warning included."""
+    module = tool_module(tmp_path, FLAT_SCHEMA)
+    cases: list[Any] = [
+        module.Params(s="x", i=1.0, f=2, b=False),
+        {"s": "é", "i": 2**64 + 1, "f": -0.0, "b": True},
+        {"s": "x", "o": None, "n": None},  # Nones: one left out, one sent
+        {"s": "x", "tags": ["a"]},  # nested
+        module.Params.model_construct(s="x", i=3),  # checked again all the same
+    ]
+    shortcut = [sent(module, case) for case in cases]
+    with pytest.warns(UndeclaredArgumentWarning, match="'sx'"):
+        shortcut_warned = module._arguments({"s": "x", "sx": 1})
+    with pytest.raises(ValidationError):
+        module._arguments(module.Params.model_construct(s="x", i="3"))
+    monkeypatch.setattr("ipybox_kernel._arguments._flat", _never_flat)
+    assert [json.dumps(sent(module, case)) for case in cases] == [json.dumps(sent_) for sent_ in shortcut]
+    assert shortcut[2] == {"s": "x", "n": None}
+    with pytest.warns(UndeclaredArgumentWarning, match="'sx'"):
+        assert module._arguments({"s": "x", "sx": 1}) == shortcut_warned == {"s": "x", "sx": 1}
+
+
 def test_an_undeclared_key_where_the_schema_forbids_them_names_the_closest_declared_key(tmp_path: Path) -> None:
     schema = {
         "type": "object",
