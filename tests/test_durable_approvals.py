@@ -9,11 +9,13 @@ to a call log on every call: the side effect counted here.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import secrets
 import sys
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import anyio
@@ -92,6 +94,21 @@ def executor(gateway: Gateway, workspace: Path, tools_dir: Path) -> CodeExecutor
     return CodeExecutor(workspace=workspace, tools_dir=tools_dir, kernel=kernel)
 
 
+@contextlib.asynccontextmanager
+async def two_hosts(
+    gateway: Gateway, tmp_path: Path, tools_dir: Path, call_log: Path
+) -> AsyncGenerator[tuple[CodeExecutor, CodeExecutor]]:
+    """Two executors of this process on the same gateway, each with the counting test server."""
+    async with contextlib.AsyncExitStack() as stack:
+        hosts: list[CodeExecutor] = []
+        for name in ("b1", "b2"):
+            (tmp_path / name).mkdir(exist_ok=True)
+            host = await stack.enter_async_context(executor(gateway, tmp_path / name, tools_dir))
+            host.register_mcp_server("test", stdio_server(call_log=call_log))
+            hosts.append(host)
+        yield hosts[0], hosts[1]
+
+
 def payload_of(locator: str) -> dict[str, object]:
     encoded = locator.split(".")[2]
     return json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
@@ -142,14 +159,7 @@ async def test_a_locator_resumed_by_two_hosts_at_once_runs_in_one_of_them_only(
     gateway: Gateway, tools_dir: Path, call_log: Path, secret: bytes, tmp_path: Path
 ) -> None:
     locator = await suspended(gateway, tools_dir, call_log, secret)
-    (tmp_path / "b1").mkdir()
-    (tmp_path / "b2").mkdir()
-    async with (
-        executor(gateway, tmp_path / "b1", tools_dir) as b1,
-        executor(gateway, tmp_path / "b2", tools_dir) as b2,
-    ):
-        for ex in (b1, b2):
-            ex.register_mcp_server("test", stdio_server(call_log=call_log))
+    async with two_hosts(gateway, tmp_path, tools_dir, call_log) as (b1, b2):
         with anyio.fail_after(patient(WORKER_DEADLINE)):
             first = b1.resume(locator, secret=secret)
             events = first.events()
@@ -339,8 +349,7 @@ GRANTS_EVERY_RELEASE = (
 async def test_a_stored_decision_is_applied_once_even_when_the_kernel_releases_twice(
     gateway: Gateway, tools_dir: Path, call_log: Path, secret: bytes, tmp_path: Path
 ) -> None:
-    for name in ("a", "b1", "b2"):
-        (tmp_path / name).mkdir()
+    (tmp_path / "a").mkdir()
     code = (
         GRANTS_EVERY_RELEASE
         + "from mcptools.test import delete_item\n"
@@ -355,12 +364,7 @@ async def test_a_stored_decision_is_applied_once_even_when_the_kernel_releases_t
                     break
             locator = await a.suspend(execution, secret=secret, ttl=3600)
     approve = ApprovalDecision(approved=True)
-    async with (
-        executor(gateway, tmp_path / "b1", tools_dir) as b1,
-        executor(gateway, tmp_path / "b2", tools_dir) as b2,
-    ):
-        for ex in (b1, b2):
-            ex.register_mcp_server("test", stdio_server(call_log=call_log))
+    async with two_hosts(gateway, tmp_path, tools_dir, call_log) as (b1, b2):
         with anyio.fail_after(patient(WORKER_DEADLINE)):
             assert (await b1.resume(locator, secret=secret, decision=approve)).text == "result='deleted x1'\n"
         assert calls(call_log) == ["delete_item x1"]
