@@ -22,6 +22,7 @@ from . import __version__
 from ._exceptions import IpyboxError, UsageError
 from ._manifest import MANIFEST_DIR, MANIFEST_FILE
 from .codegen._stubs import render_tool_stubs
+from .mcp_server._command import run_parsed as run_mcp_server
 from .mcp_server._options import add_arguments as add_mcp_arguments
 
 if TYPE_CHECKING:
@@ -162,10 +163,7 @@ def _cmd_auth_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_mcp(args: argparse.Namespace) -> int:
-    # Imported here: the MCP server stack is only needed by this subcommand.
-    from .mcp_server._transports import run_parsed
-
-    return run_parsed(args)
+    return run_mcp_server(args)
 
 
 def _cmd_kernel_host(args: argparse.Namespace) -> int:

@@ -120,3 +120,25 @@ def test_commands_that_need_no_mcp_connection_do_not_import_the_mcp_stack(argv: 
     # -X importtime writes "import time: self | cumulative | module" for every module imported.
     imported = {line.rpartition("|")[2].strip().partition(".")[0] for line in run.stderr.splitlines()}
     assert imported & {"mcp", "mcp_types", "datamodel_code_generator", "jupyter_client", "zmq", "httpx2"} == set()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--transport", "http", "--host", "0.0.0.0"], "refusing to listen on '0.0.0.0' without a bearer token"),
+        (["--transport", "http", "--no-token", "--allow-register"], "refusing --allow-register without a bearer"),
+        (["--pool", "2"], "over stdio there is one session: drop --pool"),
+        (["--allow", "network:github.com"], "list the destination in --allow-net"),
+    ],
+)
+def test_ipybox_mcp_refuses_a_bad_command_line_before_importing_the_server_stack(argv: list[str], message: str) -> None:
+    # The refusal costs no second of imports, and an MCP client starting the command shows it at once.
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ipybox", "mcp", "--no-sandbox", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and message in run.stderr, run.stderr
+    imported = {line.rpartition("|")[2].strip().partition(".")[0] for line in run.stderr.splitlines()}
+    assert imported & {"mcp", "mcp_types", "starlette", "uvicorn", "jupyter_client", "zmq"} == set()

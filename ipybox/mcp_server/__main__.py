@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ._transports import main
+from ._command import main
 
 __all__ = ()
 

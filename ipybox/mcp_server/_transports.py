@@ -1,8 +1,7 @@
-"""The MCP server's transports: stdio, and streamable HTTP behind a bearer token; the command line."""
+"""The MCP server's transports: stdio, and streamable HTTP behind a bearer token (`serve`)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -12,12 +11,10 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import anyio
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -29,14 +26,11 @@ from ._eventstore import RETRY_MS, BoundedEventStore
 from ._options import (
     TOKEN_ENV,
     ServerConfig,
-    add_arguments,
-    bearer_token,
     check_exposure,
-    config_from_args,
     is_loopback,
 )
 
-__all__ = ("main", "run_parsed", "serve")
+__all__ = ("serve",)
 
 
 # A refused client is told what to do in the body, as a JSON-RPC error: the MCP SDK's client raises a
@@ -278,35 +272,3 @@ async def serve(
         await uv.serve(sockets=[sock])
     finally:
         forget_token()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the MCP server from the command line; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m ipybox.mcp_server")
-    add_arguments(parser)
-    return run_parsed(parser.parse_args(argv))
-
-
-def run_parsed(args: argparse.Namespace) -> int:
-    """Run the MCP server with arguments parsed by a parser `add_arguments` set up."""
-    try:
-        config = config_from_args(args)
-    except UsageError as exc:
-        print(f"ipybox mcp: error: {exc}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    try:
-        anyio.run(
-            lambda: serve(
-                config,
-                transport=args.transport,
-                host=args.host,
-                port=args.port,
-                token=bearer_token(args),
-                no_token=args.no_token,
-            )
-        )
-    except UsageError as exc:
-        print(f"ipybox mcp: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
