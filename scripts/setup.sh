@@ -62,9 +62,11 @@ else
   progress=  # uv says what it did at each stage (resolve, download, install, compile), minutes apart
 fi
 # Bytecode is compiled now because the sandboxed kernel sees the venv read-only and would otherwise
-# compile IPython & co. from source on every start (~0.3 s each time).
+# compile IPython & co. from source on every start (~0.3 s each time). ipybox's own packages too: the
+# kernel sees ipybox_kernel read-only, and where PYTHONDONTWRITEBYTECODE is set every host process
+# would compile ipybox from source (~0.25 s of CPU each; the tests start hundreds).
 "${uv[@]}" sync --frozen $progress --compile-bytecode --all-extras
-.venv/bin/python -m compileall -q ipybox_kernel >/dev/null
+.venv/bin/python -m compileall -q ipybox_kernel ipybox >/dev/null
 
 if $test_servers; then
   # Debian's own nodejs package is enough for the test servers.
