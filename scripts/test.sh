@@ -14,7 +14,7 @@ if [ "${1:-}" = "--fast" ]; then
   .venv/bin/ruff format --check .
   # Branch coverage of ipybox's host side (pyproject.toml [tool.coverage]), with a floor just below
   # what this tier measures (52.0 %, 2026-11-27): a change that drops it fails here.
-  # Two workers, as below: the in-process kernels wait on threads and sockets as much as they compute.
+  # Two workers: the in-process kernels wait on threads and sockets as much as they compute.
   exec .venv/bin/pytest -m fast -n "${IPYBOX_TEST_WORKERS:-2}" --cov=ipybox --cov-report=term:skip-covered \
     --cov-fail-under=51 "$@"
 fi
@@ -33,13 +33,14 @@ pyright_pid=""
 trap 'if [ -n "$pyright_pid" ]; then kill -- "-$pyright_pid" 2>/dev/null || true; fi; rm -f "$pyright_log"' EXIT
 setsid .venv/bin/pyright >"$pyright_log" 2>&1 &
 pyright_pid=$!
-# Two workers (pytest-xdist), each given whole files (--dist loadfile, so a file's module fixtures, a
-# shared kernel or the conformance scenarios' pool, are made once): most tests wait on kernels and
-# servers starting in other processes, so two files at a time keep both cores busy.
+# Three workers (pytest-xdist) on the two cores, each given whole files (--dist loadfile, so a file's
+# module fixtures, a shared kernel or the conformance scenarios' pool, are made once): most tests wait
+# on kernels and servers starting in other processes, so with two files at a time a fifth of the CPU
+# went unused; a third keeps it busy (docs/development.md, "How long the tests take").
 # --no-loadscope-reorder keeps the collection's order, which puts the slowest files first
-# (tests/conftest.py SLOWEST_FIRST). IPYBOX_TEST_WORKERS=0 runs them in one process.
+# (tests/conftest.py SLOWEST_FIRST). IPYBOX_TEST_WORKERS=N runs N workers, 0 runs them in one process.
 tests_rc=0
-.venv/bin/pytest -n "${IPYBOX_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" || tests_rc=$?
+.venv/bin/pytest -n "${IPYBOX_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@" || tests_rc=$?
 pyright_rc=0
 wait "$pyright_pid" || pyright_rc=$?
 pyright_pid=""

@@ -51,25 +51,25 @@ IN_PROCESS_FIXTURES = ("executor", "asking")
 
 
 # The slowest files, slowest first (docs/development.md, "How long the tests take"): run first, so the
-# two workers of `scripts/test.sh` (`--dist loadfile --no-loadscope-reorder`, which keeps this order)
-# never start one of them at the end while the other worker has nothing left to do. pytest-xdist's
-# own order, most tests first, put these one- and two-test files last. Ordered by each file's wall time
-# in a whole run on two workers (2026-11-28, `IPYBOX_TEST_CPU`, a loaded machine): test_mcp_server.py
-# took 555 s, test_cookbook.py 297 s, test_oauth.py 286 s, test_install.py 198 s, ...
+# workers of `scripts/test.sh` (`--dist loadfile --no-loadscope-reorder`, which keeps this order) never
+# start one of them at the end while the others have nothing left to do. pytest-xdist's own order,
+# most tests first, put these one- and two-test files last. Ordered by each file's wall time in a whole
+# run on three workers (2026-11-28, `IPYBOX_TEST_CPU`, a machine at load 4-5): test_durable_adapters.py
+# took 189 s, test_mcp_server.py 184 s, test_cookbook.py 142 s, test_oauth.py 132 s, ...
 SLOWEST_FIRST = (
+    "tests/integrations/test_durable_adapters.py",
     "tests/test_mcp_server.py",
     "tests/test_cookbook.py",
     "tests/test_oauth.py",
-    "tests/test_install.py",
     "tests/test_mcp_conformance.py",
-    "tests/integrations/test_durable_adapters.py",
-    "tests/test_conformance.py",
-    "tests/test_kernel_client.py",
-    "tests/test_execution.py",
     "tests/test_durable_approvals.py",
+    "tests/test_install.py",
     "tests/test_setup.py",
-    "tests/test_snippets.py",
+    "tests/test_conformance.py",
+    "tests/test_toolserver.py",
     "tests/test_plugin.py",
+    "tests/test_server_asks.py",
+    "tests/test_snippets.py",
     "tests/test_codegen_typecheck.py",
 )
 
