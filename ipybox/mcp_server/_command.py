@@ -33,9 +33,9 @@ def run_parsed(args: argparse.Namespace) -> int:
     token = bearer_token(args)
     try:
         config = config_from_args(args)
-        # `serve` makes a token up on a loopback address when none is given (unless --no-token), and
-        # checks again; here only the refusals that need no token made up.
-        if args.transport == "http" and (token is not None or args.no_token or not is_loopback(args.host)):
+        # Where `serve` makes a token up (HTTP on a loopback address, none given, no --no-token) there is
+        # nothing to refuse; elsewhere its refusal comes now. `serve` checks again.
+        if args.transport == "http" and (args.no_token or not is_loopback(args.host)):
             check_exposure(args.host, token, allow_register=config.allow_register)
     except UsageError as exc:
         print(f"ipybox mcp: error: {exc}", file=sys.stderr)
