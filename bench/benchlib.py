@@ -64,7 +64,9 @@ class Config:
     lost_runs: int = 1000
     tool_calls: int = 100
     seq_calls: int = 200
-    seq_reps: int = 7
+    # Each rep is one 200-call cell and 200 direct calls; their ratio is taken pair by pair (see
+    # run.py's floor_ratios), and a loaded machine needs more pairs than 7 for it to settle.
+    seq_reps: int = 15
     generate_reps: int = 3
     server_python: str = sys.executable
     everything_bin: str | None = None
@@ -537,8 +539,8 @@ async def _direct_loop(direct: DirectCall, n: int) -> tuple[float, int]:
 
 
 async def _kernel_calls(r: _Run, ex: object, direct: DirectCall | None) -> None:
-    """The bench server's tool calls from the kernel; with ``direct``, each one-call cell is
-    followed by one direct call, and each 200-call cell by 200 direct calls."""
+    """The bench server's tool calls from the kernel; with ``direct``, each one-call cell is paired
+    with one direct call, and each 200-call cell with 200 direct calls, taking turns in ABBA order."""
     with r.guard("tool_call", "tool_call_first", "tool_call_in_kernel", "tool_call_execute", "direct_call"):
         # The first call starts the MCP server on the host; reported apart from the steady state.
         one = (
@@ -557,10 +559,17 @@ async def _kernel_calls(r: _Run, ex: object, direct: DirectCall | None) -> None:
         floor: list[float] = []
         direct_ok = 0
         for i in range(r.cfg.tool_calls):
+            # ABBA: the direct call goes first in every other pair, so that neither side always
+            # follows the other (and finds the machine the way the other left it).
+            direct_first = direct is not None and i % 4 in (1, 2)
+            if direct is not None and direct_first:
+                t0 = time.perf_counter()
+                direct_ok += await direct(i)
+                floor.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             await r.run(ex, one.format(call=_CALL.format(a=i), a=i))
             e2e.append(time.perf_counter() - t0)
-            if direct is not None:
+            if direct is not None and not direct_first:
                 t0 = time.perf_counter()
                 direct_ok += await direct(i)
                 floor.append(time.perf_counter() - t0)
@@ -584,9 +593,12 @@ async def _kernel_calls(r: _Run, ex: object, direct: DirectCall | None) -> None:
             f"_bench_seq.append((_bench_time.perf_counter() - _t0, _ok))"
         )
         direct_reps: list[tuple[float, int]] = []
-        for _ in range(r.cfg.seq_reps):
+        for rep in range(r.cfg.seq_reps):
+            direct_first = direct is not None and rep % 4 in (1, 2)  # ABBA, as above
+            if direct is not None and direct_first:
+                direct_reps.append(await _direct_loop(direct, n))
             await r.run(ex, cell)
-            if direct is not None:
+            if direct is not None and not direct_first:
                 direct_reps.append(await _direct_loop(direct, n))
         reps: list[list[float]] = await r.readback(ex, "_bench_seq")
         rates = [n / elapsed for elapsed, _ in reps]
