@@ -108,7 +108,7 @@ async def test_cancelling_a_queued_execution_never_runs_it(workspace: Path) -> N
 
 
 # What a key leaves behind is the executor's business, on the host: the 5,000 round trips run on the
-# in-process kernel (a few seconds), where on a sandboxed one they took 40 s of CPU and two minutes
+# in-process kernel (about ten seconds), where on a sandboxed one they took 40 s of CPU and two minutes
 # on a loaded machine for nothing the kernel adds. Host memory over a sandboxed kernel's executions
 # is test_executor.py's thousand-execution test.
 async def test_five_thousand_keyed_executions_leave_no_execution_behind_and_memory_flat(workspace: Path) -> None:

@@ -104,7 +104,7 @@ async def test_no_output_is_lost_over_a_thousand_executions_and_none_of_them_is_
     growth = resident() - before
     # An execution that ended is the caller's alone: once dropped, nothing of the executor holds it.
     assert [ref for ref in gone if ref() is not None] == []
-    # Nor anything else per execution (messages, waiters): 10 kB each would be over this.
+    # Nor anything else per execution (messages, waiters): 12 kB each would be over this.
     assert growth < EXECUTIONS_MEMORY_GROWTH, f"host RSS grew by {growth / 2**20:.1f} MiB over 800 executions"
 
 
