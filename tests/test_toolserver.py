@@ -27,7 +27,7 @@ from ipybox._exceptions import UsageError
 from ipybox._mcp._servers import HttpServer, StdioServer
 from ipybox._toolserver._boundary import ToolCallFailed, tool_errors
 from ipybox._toolserver._channel import MAX_LINE_BYTES, ToolRequest
-from ipybox._toolserver._server import HANGUP_WATCH_AFTER, ToolServer
+from ipybox._toolserver._server import ToolServer
 
 pytestmark = pytest.mark.anyio
 
@@ -605,8 +605,8 @@ async def test_a_kernel_that_hangs_up_cancels_its_pending_approval_and_the_call(
 
 
 async def test_a_hang_up_after_a_run_of_quick_calls_still_cancels_the_pending_approval(tmp_path: Path) -> None:
-    # Quick calls leave the hang-up timer set for an earlier call (it is set once per
-    # HANGUP_WATCH_AFTER, not per call); the slow call after them must still be watched.
+    # The connection's reader stays registered from call to call; the slow call after a run of
+    # quick ones must still be watched.
     log = tmp_path / "calls.log"
     code = (
         "from ipybox_kernel import call_tool\n"
@@ -617,18 +617,37 @@ async def test_a_hang_up_after_a_run_of_quick_calls_still_cancels_the_pending_ap
     assert not log.exists()  # only delete_item writes to it
 
 
-async def test_a_connection_keeps_serving_after_calls_long_enough_to_be_watched_for_a_hang_up() -> None:
-    # Calls that outlast HANGUP_WATCH_AFTER have the socket watched while they run; the watch must
-    # end with the call, so the same pooled connection carries the next calls.
-    seconds = 3 * HANGUP_WATCH_AFTER
+async def test_a_connection_keeps_serving_after_slow_calls_and_a_request_sent_early() -> None:
+    # While a call runs, the reader watches the socket for a hang-up; it must stop watching with the
+    # call, and a request that arrives before the answer (the reader stops watching, it is not a
+    # hang-up) must be answered next, on the same connection.
     async with tool_channel({"test": stdio_server()}) as channel:
         slow, slower, quick = await channel.calls(
-            ("test", "slow", {"seconds": seconds}),
-            ("test", "slow", {"seconds": seconds}),
+            ("test", "slow", {"seconds": 0.2}),
+            ("test", "slow", {"seconds": 0.2}),
             ("test", "add", {"a": 1, "b": 2}),
         )
-    assert slow["text"] == slower["text"] == f"slept {seconds:g} s"
-    assert quick["structured"] == {"result": 3}
+        assert slow["text"] == slower["text"] == "slept 0.2 s"
+        assert quick["structured"] == {"result": 3}
+        early = json.loads(await channel.run_python(_TWO_REQUESTS_AT_ONCE))
+    assert [reply["seq"] for reply in early] == [1, 2]
+    assert early[0]["text"] == "slept 0.2 s"
+    assert early[1]["structured"] == {"result": 4}
+
+
+# Both request lines in one write, before the first is answered; then the two replies.
+_TWO_REQUESTS_AT_ONCE = """
+import json, os, socket
+token = os.environ["IPYBOX_TOOL_TOKEN"]
+def line(seq, tool, arguments):
+    fields = {"token": token, "seq": seq, "server": "test", "tool": tool, "arguments": arguments}
+    return json.dumps(fields).encode() + b"\\n"
+with socket.socket(socket.AF_UNIX) as sock:
+    sock.connect(os.environ["IPYBOX_TOOL_SOCKET"])
+    sock.sendall(line(1, "slow", {"seconds": 0.2}) + line(2, "add", {"a": 2, "b": 2}))
+    reader = sock.makefile("rb")
+    print(json.dumps([json.loads(reader.readline()) for _ in range(2)]))
+"""
 
 
 # -- usage -----------------------------------------------------------------------------------------

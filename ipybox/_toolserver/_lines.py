@@ -7,25 +7,15 @@ lines mean is `._parse`'s and `._server`'s business; binding and accepting is `i
 
 from __future__ import annotations
 
-import math
+import asyncio
 import socket
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import anyio
-import anyio.abc
 
 from ._channel import ToolErrorReply, ToolResultReply, encode_reply
 
-__all__ = (
-    "HANGUP_WATCH_AFTER",
-    "MAX_BUFFERED_BYTES",
-    "Budget",
-    "HangupWatch",
-    "InFlight",
-    "LineConnection",
-    "LineTooLong",
-    "OverBudget",
-)
+__all__ = ("MAX_BUFFERED_BYTES", "Budget", "LineConnection", "LineTooLong", "OverBudget")
 
 # Request lines (partial, or being answered) all connections together may hold: four of the largest
 # requests at once, an eighth of what MAX_CONNECTIONS lines of MAX_LINE_BYTES would take. A line
@@ -34,81 +24,8 @@ __all__ = (
 # waits for others to finish their lines, and partial lines that are never finished would pause
 # every connection for good; a refusal frees the memory at once and tells the code what to change.
 MAX_BUFFERED_BYTES = 64 * 1024 * 1024
-# A hang-up is looked for only once a call has run this long. Cancelling a call that ends sooner
-# gains nothing, and watching the socket from the start costs every call more than the rest of the
-# host's work for it.
-HANGUP_WATCH_AFTER = 0.05
 # One read per wakeup; large requests take several.
 _RECEIVE_CHUNK = 256 * 1024
-
-
-@dataclass(eq=False)
-class InFlight:
-    """The request a connection is answering; cancelled if the kernel hangs up."""
-
-    watch_from: float
-    """When the `HangupWatch` starts watching for a hang-up, if the answer is not done by then."""
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    watching: _Watching | None = None
-    """Set by the watcher while it waits on the socket; most calls end before it starts."""
-    hung_up: bool = False
-
-
-@dataclass(eq=False)
-class _Watching:
-    """The watcher's wait for a hang-up during one call."""
-
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-    """Cancelled by the reader when the answer is done."""
-    ended: anyio.Event = field(default_factory=anyio.Event)
-    """Set once the watcher no longer waits on the socket."""
-
-
-class HangupWatch:
-    """Cancels the request a connection is answering when the kernel hangs up meanwhile.
-
-    The connection's reader answers each request itself and does not read meanwhile, so this task
-    watches the socket instead, from `HANGUP_WATCH_AFTER` into a call until its answer is done.
-    A call that ends sooner costs no timer update here and no pass of this task, unless the timer
-    was idle (then one update; the task passes once when it expires, and idles it again).
-    """
-
-    def __init__(self, connection: LineConnection) -> None:
-        self._connection = connection
-        self._flight: InFlight | None = None
-        self._timer = anyio.CancelScope()  # replaced in run(); expires when a call needs watching
-
-    def arm(self, flight: InFlight) -> None:
-        """Watch for a hang-up while ``flight`` is answered, until `disarm`."""
-        self._flight = flight
-        # A timer set for an earlier call expires sooner and is set again for this one then: in a
-        # run of quick calls the timer is set once per HANGUP_WATCH_AFTER, not twice per call.
-        if self._timer.deadline == math.inf:
-            self._timer.deadline = flight.watch_from
-
-    def disarm(self) -> None:
-        self._flight = None
-
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        starting: anyio.abc.TaskStatus[None] | None = task_status
-        while True:
-            flight = self._flight
-            with anyio.CancelScope(deadline=math.inf if flight is None else flight.watch_from) as self._timer:
-                if starting is not None:
-                    starting.started()
-                    starting = None
-                await anyio.sleep_forever()
-            flight = self._flight
-            if flight is None or anyio.current_time() < flight.watch_from:
-                continue  # the call the timer was set for has ended since
-            flight.watching = watching = _Watching()
-            try:
-                with watching.scope:
-                    await self._connection.wait_hangup()
-                    flight.hung_up = True
-                    flight.scope.cancel()
-            finally:
-                watching.ended.set()
 
 
 class Budget:
@@ -140,19 +57,43 @@ class OverBudget(Exception):
 class LineConnection:
     """Newline-delimited messages over one accepted, non-blocking unix socket.
 
-    Driven by `anyio.wait_readable`/`wait_writable` rather than anyio's unix socket streams, whose
-    asyncio implementation can raise InvalidStateError in a loop callback when a read is cancelled
-    just as data arrives (as happens to every open connection when the ToolServer stops).
+    The socket is registered with the event loop once, for the connection's life (asyncio only: ipybox
+    runs on asyncio, which jupyter_client needs), rather than once per wait: a tool call is a few
+    hundred microseconds of host work, and registering and unregistering the socket for every request
+    was a tenth of it. The same reader notices a kernel that hangs up while one of its requests is
+    answered (`answering`), at no cost to calls that end normally.
+
+    Not anyio's unix socket streams: their asyncio implementation can raise InvalidStateError in a
+    loop callback when a read is cancelled just as data arrives (as happens to every open connection
+    when the ToolServer stops).
     """
 
     def __init__(self, sock: socket.socket, budget: Budget) -> None:
         sock.setblocking(False)
         self._sock = sock
+        self._fd = sock.fileno()
         self._budget = budget
         self._buffer = bytearray()
         self._scanned = 0
         self._unanswered = 0
         """Bytes of lines handed out by `receive_line` that still count against the budget."""
+        self._loop = asyncio.get_running_loop()
+        self._registered = False
+        self._receiving = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False
+        """The peer closed the connection, or it broke: nothing more will be read."""
+        self._over_budget = False
+        self._on_hangup: Callable[[], None] | None = None
+        self.hung_up = False
+        """The peer hung up while a request was being answered (`answering`)."""
+
+    def answering(self, on_hangup: Callable[[], None] | None) -> None:
+        """A request is being answered: call ``on_hangup`` if the peer hangs up meanwhile, until
+        ``answering(None)`` (when its answer is done)."""
+        self._on_hangup = on_hangup
+        if on_hangup is not None and not self._ended:
+            self._register()  # if the request was read at once, without waiting: watched from now
 
     async def receive_line(self, limit: int) -> bytes:
         """The next line without its newline; its bytes count against the budget until `answered`.
@@ -162,53 +103,93 @@ class LineConnection:
             OverBudget: The bytes that arrived do not fit into the shared budget.
             EOFError: The peer closed the connection (or it broke) before a full line.
         """
-        while True:
-            end = self._buffer.find(b"\n", self._scanned)
-            if end >= 0:
-                line = bytes(self._buffer[:end])
-                del self._buffer[: end + 1]
-                self._scanned = 0
-                self._unanswered += end + 1
-                return line
-            self._scanned = len(self._buffer)
-            if len(self._buffer) > limit:
-                raise LineTooLong
-            try:
-                data = self._sock.recv(_RECEIVE_CHUNK)
-            except BlockingIOError:
-                await anyio.wait_readable(self._sock)
-                continue
-            except OSError:
-                raise EOFError from None
-            if not data:
-                raise EOFError
-            # Checked after the read: a refused read (one chunk) is all that is ever held outside the budget.
-            if not self._budget.take(len(data)):
-                raise OverBudget
+        self._receiving = True
+        try:
+            while True:
+                end = self._buffer.find(b"\n", self._scanned)
+                if end >= 0:
+                    line = bytes(self._buffer[:end])
+                    del self._buffer[: end + 1]
+                    self._scanned = 0
+                    self._unanswered += end + 1
+                    return line
+                self._scanned = len(self._buffer)
+                if len(self._buffer) > limit:
+                    raise LineTooLong
+                if self._over_budget:
+                    raise OverBudget
+                if self._ended:
+                    raise EOFError
+                if not self._registered:
+                    # Not watched (a new connection, or a request came while the last one was
+                    # answered): what is there now is read at once, and only then is it watched.
+                    if self._read():
+                        continue
+                    self._register()
+                self._waiter = self._loop.create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+        finally:
+            self._receiving = False
+
+    def _read(self) -> bool:
+        """Read what has arrived into the buffer; False if nothing had."""
+        try:
+            data = self._sock.recv(_RECEIVE_CHUNK)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._ended = True
+            self._unregister()
+        # Checked after the read: a refused read (one chunk) is all that is ever held outside the budget.
+        elif not self._budget.take(len(data)):
+            self._over_budget = True
+            self._unregister()
+        else:
             self._buffer += data
+        return True
+
+    def _readable(self) -> None:
+        """The event loop's callback: the socket has bytes, or the peer has gone."""
+        if self._receiving:
+            if self._read() and self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(None)
+            return
+        # A request is being answered. Readable because the peer hung up, or because it sent its next
+        # request early, which stays readable until it is read: in both cases stop watching.
+        try:
+            peeked = self._sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return
+        except OSError:
+            peeked = b""
+        self._unregister()
+        if peeked:
+            return
+        self._ended = True
+        on_hangup = self._on_hangup
+        if on_hangup is not None:
+            self.hung_up = True
+            on_hangup()
+
+    def _register(self) -> None:
+        if not self._registered:
+            self._registered = True
+            self._loop.add_reader(self._fd, self._readable)
+
+    def _unregister(self) -> None:
+        if self._registered:
+            self._registered = False
+            self._loop.remove_reader(self._fd)
 
     def answered(self) -> None:
         """The lines handed out so far are answered: give their bytes back to the budget."""
         self._budget.give(self._unanswered)
         self._unanswered = 0
-
-    async def wait_hangup(self) -> None:
-        """Return once the peer has closed the connection (or it broke).
-
-        Does not read: data that arrives meanwhile (a request sent early) is left for `receive_line`.
-        """
-        while True:
-            await anyio.wait_readable(self._sock)
-            try:
-                data = self._sock.recv(1, socket.MSG_PEEK)
-            except BlockingIOError:
-                continue
-            except OSError:
-                return
-            if not data:
-                return
-            # Readable because a request is waiting, which stays so until it is read: stop looking.
-            await anyio.sleep_forever()
 
     async def send_reply(self, reply: ToolResultReply | ToolErrorReply) -> None:
         await self.send(encode_reply(reply))
@@ -227,6 +208,7 @@ class LineConnection:
             view = view[sent:]
 
     def close(self) -> None:
+        self._unregister()
         self._sock.close()
         self._budget.give(len(self._buffer) + self._unanswered)
         self._buffer.clear()

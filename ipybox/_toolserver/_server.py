@@ -55,23 +55,14 @@ from ._channel import (
     ToolResultReply,
     encode_reply,
 )
-from ._lines import (
-    HANGUP_WATCH_AFTER,
-    MAX_BUFFERED_BYTES,
-    Budget,
-    HangupWatch,
-    InFlight,
-    LineConnection,
-    LineTooLong,
-    OverBudget,
-)
+from ._lines import MAX_BUFFERED_BYTES, Budget, LineConnection, LineTooLong, OverBudget
 from ._parse import parse_request
 from ._registry import ElicitationAsker, Sessions, Target, check_arguments
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
 
-__all__ = ("HANGUP_WATCH_AFTER", "MAX_BUFFERED_BYTES", "MAX_CONNECTIONS", "BuiltinTool", "Gate", "ToolServer")
+__all__ = ("MAX_BUFFERED_BYTES", "MAX_CONNECTIONS", "BuiltinTool", "Gate", "ToolServer")
 
 logger = logging.getLogger(__name__)
 
@@ -323,22 +314,20 @@ class ToolServer:
 
         The answer runs in this task, right after its request is read: a hand-over to another task
         would put a pass of the event loop (and, on a busy machine, a chance to be preempted) on
-        every call's path. A `HangupWatch` notices a kernel that hangs up during a call (an
-        interrupted cell) and cancels the approval or MCP call made for it.
+        every call's path. A kernel that hangs up while a request is answered (an interrupted cell)
+        cancels the approval or MCP call made for it: the connection's reader notices and cancels
+        this scope, which serves the connection's requests and ends with it.
         """
         try:
-            async with anyio.create_task_group() as tg:
-                watch = HangupWatch(connection)
-                await tg.start(watch.run)
-                while await self._serve_request(connection, watch):
+            with anyio.CancelScope() as hangup:
+                while await self._serve_request(connection, hangup):
                     pass
-                tg.cancel_scope.cancel()
         except Exception:  # a task in the ToolServer's group: one connection's fault must not end it
             logger.exception("serving a tool-call connection failed; it was closed")
         finally:
             connection.close()
 
-    async def _serve_request(self, connection: LineConnection, watch: HangupWatch) -> bool:
+    async def _serve_request(self, connection: LineConnection, hangup: anyio.CancelScope) -> bool:
         """Read one request and answer it; False when the connection is done."""
         try:
             line = await connection.receive_line(MAX_LINE_BYTES)
@@ -358,42 +347,51 @@ class ToolServer:
                 await connection.send_reply(early.reply(early.seq))
                 return not early.close
             del line  # with the request parsed, the line's bytes need not live through the call
-            return await self._answer_watched(connection, request, watch)
+            return await self._answer_watched(connection, request, hangup)
         finally:
             connection.answered()
 
-    async def _answer_watched(self, connection: LineConnection, request: ToolRequest, watch: HangupWatch) -> bool:
+    async def _answer_watched(
+        self, connection: LineConnection, request: ToolRequest, hangup: anyio.CancelScope
+    ) -> bool:
         """Answer one request; False if the kernel hung up meanwhile (the call was cancelled)."""
-        flight = InFlight(watch_from=anyio.current_time() + HANGUP_WATCH_AFTER)
-        watch.arm(flight)
         reply: ToolResultReply | ToolErrorReply | None = None
+        connection.answering(hangup.cancel)
         try:
-            with flight.scope:
-                try:
-                    with tool_errors(f"{request.server}.{request.tool}"):
-                        reply = await self._answer(request)
-                except ToolCallFailed as failed:  # whatever fails in one call is that call's error
-                    reply = failed.reply(request.seq)
+            try:
+                with tool_errors(f"{request.server}.{request.tool}"):
+                    reply = await self._answer(request)
+            except ToolCallFailed as failed:  # whatever fails in one call is that call's error
+                reply = failed.reply(request.seq)
         finally:
-            watch.disarm()
-        if flight.watching is not None:
-            # Before this task waits on the socket again, the watcher must stop waiting on it.
-            flight.watching.scope.cancel()
-            await flight.watching.ended.wait()
+            connection.answering(None)
+            if self._on_finished is not None and (reply is None or connection.hung_up):
+                if connection.hung_up:
+                    # This task is being cancelled and serves no more requests: the call's end is
+                    # reported from a task of its own.
+                    self._report_cancelled(request)
+                else:  # the ToolServer stops: what of the report runs before it is cancelled too
+                    await self._on_finished(request, "cancelled", None)
+        if reply is None or connection.hung_up:
+            return False
         try:
-            if flight.hung_up:
-                return False
-            if reply is not None:
-                unmarked = self._unmarked is not None and self._unmarked(request)
-                await connection.send(self._encode(request, reply, unmarked=unmarked))
+            unmarked = self._unmarked is not None and self._unmarked(request)
+            await connection.send(self._encode(request, reply, unmarked=unmarked))
             return True
         finally:
             if self._on_finished is not None:
-                error = "cancelled" if reply is None or flight.hung_up else None
-                if isinstance(reply, ToolErrorReply) and not flight.hung_up:
-                    error = reply.error
-                result = reply if isinstance(reply, ToolResultReply) and error is None else None
-                await self._on_finished(request, error, result)
+                error = reply.error if isinstance(reply, ToolErrorReply) else None
+                await self._on_finished(request, error, reply if isinstance(reply, ToolResultReply) else None)
+
+    def _report_cancelled(self, request: ToolRequest) -> None:
+        on_finished, group = self._on_finished, self._sessions.task_group
+        if on_finished is None or group is None:
+            return
+
+        async def report() -> None:
+            await on_finished(request, "cancelled", None)
+
+        group.start_soon(report)
 
     def _encode(
         self, request: ToolRequest, reply: ToolResultReply | ToolErrorReply, *, unmarked: bool = False
