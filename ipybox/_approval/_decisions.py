@@ -158,7 +158,8 @@ class ApprovalRequest:
     code action says that its origin cannot be established. The host sees this in /proc, never by
     asking the kernel; code left in the kernel's main thread (hooks, patched functions) it cannot see
     (SECURITY.md, "Attribution of requests"). `description` shows it first."""
-    _decided: anyio.Event = field(default_factory=anyio.Event, repr=False)
+    # Made by the first `wait`: most requests are decided by a policy before anyone waits.
+    _decided: anyio.Event | None = field(default=None, repr=False)
     _decision: ApprovalDecision | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -218,12 +219,16 @@ class ApprovalRequest:
         if self._decision is not None:
             return False
         self._decision = decision
-        self._decided.set()
+        if self._decided is not None:
+            self._decided.set()
         return True
 
     async def wait(self) -> ApprovalDecision:
         """Wait for the decision."""
-        await self._decided.wait()
+        if self._decision is None:
+            if self._decided is None:
+                self._decided = anyio.Event()
+            await self._decided.wait()
         assert self._decision is not None
         return self._decision
 

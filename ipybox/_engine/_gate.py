@@ -129,9 +129,11 @@ class ApprovalGate:
         # Decisions made before their requests were asked (a resumed execution's), for the running
         # execution's calls with exactly these requests (`preset`), each taken once.
         self._presets: dict[str, ApprovalDecision] = {}
-        # The running execution's tool-call requests: each `ApprovalRequest` id with its call's
-        # `_preset_key`, to tell which request a call waiting in the kernel is (`request_for`).
-        self._asked: dict[str, str] = {}
+        # The running execution's tool-call requests: each `ApprovalRequest` id with its call, to tell
+        # which request a call waiting in the kernel is (`request_for`; compared by `_preset_key`,
+        # which is made only then: a JSON dump of every call would cost each call more than the
+        # rest of the gate).
+        self._asked: dict[str, ToolRequest] = {}
 
     @asynccontextmanager
     async def running(self, driver: ExecutionDriver, msg_id: str, kernel: KernelHandle) -> AsyncGenerator[None]:
@@ -173,7 +175,11 @@ class ApprovalGate:
         """Of the running execution's request ids ``among``, the first whose call was exactly ``call``
         (the token aside): which request a call still waiting in the kernel was asked as."""
         key = _preset_key(call)
-        return next((request_id for request_id in among if self._asked.get(request_id) == key), None)
+        for request_id in among:
+            asked = self._asked.get(request_id)
+            if asked is not None and _preset_key(asked) == key:
+                return request_id
+        return None
 
     def unmarked(self, call: ToolRequest) -> bool:
         """Whether the running execution's later calls may come without an output mark: ``call`` is
@@ -219,8 +225,8 @@ class ApprovalGate:
             call_site=call_site_of(driver.execution.code, call.line, call.module),
             left_running=self._left_running,
         )
-        self._asked[request.id] = _preset_key(call)
-        preset = self._presets.pop(self._asked[request.id], None) if self._presets else None
+        self._asked[request.id] = call
+        preset = self._presets.pop(_preset_key(call), None) if self._presets else None
         return await self._decide(driver, request, after_mark=call.mark, call=call, preset=preset)
 
     async def elicitation(

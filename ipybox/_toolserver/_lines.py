@@ -104,6 +104,7 @@ class LineConnection:
             EOFError: The peer closed the connection (or it broke) before a full line.
         """
         self._receiving = True
+        tried = False
         try:
             while True:
                 end = self._buffer.find(b"\n", self._scanned)
@@ -120,12 +121,14 @@ class LineConnection:
                     raise OverBudget
                 if self._ended:
                     raise EOFError
-                if not self._registered:
-                    # Not watched (a new connection, or a request came while the last one was
-                    # answered): what is there now is read at once, and only then is it watched.
+                if not tried:
+                    # What is there already is read at once: the kernel often sends its next request
+                    # before this task is back here (it wakes on the reply, on this CPU), and the
+                    # reader would only hand it over a pass of the event loop later.
+                    tried = True
                     if self._read():
                         continue
-                    self._register()
+                self._register()
                 self._waiter = self._loop.create_future()
                 try:
                     await self._waiter
