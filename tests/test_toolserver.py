@@ -635,6 +635,27 @@ async def test_a_connection_keeps_serving_after_slow_calls_and_a_request_sent_ea
     assert early[1]["structured"] == {"result": 4}
 
 
+async def test_a_request_read_before_the_kernel_hung_up_is_neither_asked_about_nor_made(tmp_path: Path) -> None:
+    # Two requests in one write; the kernel reads the first reply and hangs up while the host still
+    # reports the first call's end. The second request, read with the first, has nobody waiting for it.
+    log = tmp_path / "calls.log"
+    gone = anyio.Event()
+
+    async def on_finished(request: ToolRequest, error: str | None, result: Any) -> None:
+        if request.tool == "add" and request.seq == 1:
+            with anyio.fail_after(60):
+                await gone.wait()
+
+    gate = RecordingGate()
+    async with tool_channel({"test": stdio_server(call_log=log)}, gate, on_finished=on_finished) as channel:
+        first = json.loads(await channel.run_python(_TWO_REQUESTS_THEN_GONE))
+        gone.set()  # the kernel process has exited: its end of the connection is closed
+        assert (await channel.call("test", "add", {"a": 1, "b": 1}))["structured"] == {"result": 2}
+    assert first["structured"] == {"result": 3}
+    assert gate.tools == ["add", "add"]
+    assert not log.exists()  # delete_item writes to it
+
+
 # Both request lines in one write, before the first is answered; then the two replies.
 _TWO_REQUESTS_AT_ONCE = """
 import json, os, socket
@@ -720,3 +741,17 @@ def test_every_foreign_error_leaves_the_boundary_as_one_tool_call_failure(
     assert caught.value.kind == kind
     assert caught.value.message.startswith("srv.tool") and text in caught.value.message
     assert "secret" not in caught.value.message
+
+
+# Two request lines in one write; read the first reply and hang up.
+_TWO_REQUESTS_THEN_GONE = """
+import json, os, socket
+token = os.environ["IPYBOX_TOOL_TOKEN"]
+def line(seq, tool, arguments):
+    fields = {"token": token, "seq": seq, "server": "test", "tool": tool, "arguments": arguments}
+    return json.dumps(fields).encode() + b"\\n"
+with socket.socket(socket.AF_UNIX) as sock:
+    sock.connect(os.environ["IPYBOX_TOOL_SOCKET"])
+    sock.sendall(line(1, "add", {"a": 1, "b": 2}) + line(2, "delete_item", {"item_id": "7"}))
+    print(sock.makefile("rb").readline().decode())
+"""

@@ -88,12 +88,21 @@ class LineConnection:
         self.hung_up = False
         """The peer hung up while a request was being answered (`answering`)."""
 
-    def answering(self, on_hangup: Callable[[], None] | None) -> None:
+    def answering(self, on_hangup: Callable[[], None] | None) -> bool:
         """A request is being answered: call ``on_hangup`` if the peer hangs up meanwhile, until
-        ``answering(None)`` (when its answer is done)."""
+        ``answering(None)`` (when its answer is done).
+
+        Returns False, and watches nothing, when the peer has hung up already: a request it sent
+        before it went (read with others in one chunk) has nobody waiting for its answer.
+        """
         self._on_hangup = on_hangup
-        if on_hangup is not None and not self._ended:
-            self._register()  # if the request was read at once, without waiting: watched from now
+        if on_hangup is None:
+            return True
+        if self._ended:
+            self.hung_up = True
+            return False
+        self._register()  # if the request was read at once, without waiting: watched from now
+        return True
 
     async def receive_line(self, limit: int) -> bytes:
         """The next line without its newline; its bytes count against the budget until `answered`.

@@ -356,7 +356,8 @@ class ToolServer:
     ) -> bool:
         """Answer one request; False if the kernel hung up meanwhile (the call was cancelled)."""
         reply: ToolResultReply | ToolErrorReply | None = None
-        connection.answering(hangup.cancel)
+        if not connection.answering(hangup.cancel):
+            return False  # the kernel hung up before this request's turn: it is not asked about or made
         try:
             try:
                 with tool_errors(f"{request.server}.{request.tool}"):
