@@ -191,15 +191,28 @@ def _kernel_execution() -> tuple[Any, str | None]:
     execution it belongs to (see `_calling_execution`)."""
     from ._context import execution_of
 
-    # Not IPython.get_ipython: a lazy attribute of the package, imported again on every access.
-    getipython = sys.modules.get("IPython.core.getipython")
-    try:
-        # In an in-process kernel's cell, the process's IPython (if any) is the host's, not the kernel.
-        kernel = None if IN_PROCESS.get() is not None else getipython.get_ipython().kernel  # pyright: ignore[reportOptionalMemberAccess]
-    except AttributeError:
-        kernel = None
+    # In an in-process kernel's cell, the process's IPython (if any) is the host's, not the kernel.
+    kernel = None if IN_PROCESS.get() is not None else _ipykernel()
     msg_id = kernel_setting(EXECUTION_ENV) if kernel is None else execution_of(kernel, inherited=False)
     return kernel, msg_id if isinstance(msg_id, str) and msg_id else None
+
+
+# The ipykernel this process runs, once found: there is one for the process's life (a forked child
+# inherits it, as it inherits IPython's shell), and finding it cost every tool call a module lookup
+# and IPython's singleton checks.
+_found_kernel: Any = None
+
+
+def _ipykernel() -> Any:
+    global _found_kernel
+    if _found_kernel is None:
+        # Not IPython.get_ipython: a lazy attribute of the package, imported again on every access.
+        getipython = sys.modules.get("IPython.core.getipython")
+        try:
+            _found_kernel = getipython.get_ipython().kernel  # pyright: ignore[reportOptionalMemberAccess]
+        except AttributeError:
+            return None
+    return _found_kernel
 
 
 def _display_images(output: ToolOutput) -> None:
