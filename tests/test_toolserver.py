@@ -629,7 +629,8 @@ async def test_a_connection_keeps_serving_after_slow_calls_and_a_request_sent_ea
         )
         assert slow["text"] == slower["text"] == "slept 0.2 s"
         assert quick["structured"] == {"result": 3}
-        early = json.loads(await channel.run_python(_TWO_REQUESTS_AT_ONCE))
+        calls = json.dumps([["slow", {"seconds": 0.2}], ["add", {"a": 2, "b": 2}]])
+        early = json.loads(await channel.run_python(_REQUESTS_IN_ONE_WRITE, calls, "2"))
     assert [reply["seq"] for reply in early] == [1, 2]
     assert early[0]["text"] == "slept 0.2 s"
     assert early[1]["structured"] == {"result": 4}
@@ -648,7 +649,8 @@ async def test_a_request_read_before_the_kernel_hung_up_is_neither_asked_about_n
 
     gate = RecordingGate()
     async with tool_channel({"test": stdio_server(call_log=log)}, gate, on_finished=on_finished) as channel:
-        first = json.loads(await channel.run_python(_TWO_REQUESTS_THEN_GONE))
+        calls = json.dumps([["add", {"a": 1, "b": 2}], ["delete_item", {"item_id": "7"}]])
+        (first,) = json.loads(await channel.run_python(_REQUESTS_IN_ONE_WRITE, calls, "1"))
         gone.set()  # the kernel process has exited: its end of the connection is closed
         assert (await channel.call("test", "add", {"a": 1, "b": 1}))["structured"] == {"result": 2}
     assert first["structured"] == {"result": 3}
@@ -656,18 +658,21 @@ async def test_a_request_read_before_the_kernel_hung_up_is_neither_asked_about_n
     assert not log.exists()  # delete_item writes to it
 
 
-# Both request lines in one write, before the first is answered; then the two replies.
-_TWO_REQUESTS_AT_ONCE = """
-import json, os, socket
+# Request lines for the calls in argv[1] (``[[tool, arguments], ...]``), all in one write; then the
+# first argv[2] replies, printed as one JSON list, and the connection closed.
+_REQUESTS_IN_ONE_WRITE = """
+import json, os, socket, sys
 token = os.environ["IPYBOX_TOOL_TOKEN"]
-def line(seq, tool, arguments):
-    fields = {"token": token, "seq": seq, "server": "test", "tool": tool, "arguments": arguments}
-    return json.dumps(fields).encode() + b"\\n"
+calls, replies = json.loads(sys.argv[1]), int(sys.argv[2])
+lines = b"".join(
+    json.dumps({"token": token, "seq": seq, "server": "test", "tool": tool, "arguments": arguments}).encode() + b"\\n"
+    for seq, (tool, arguments) in enumerate(calls, 1)
+)
 with socket.socket(socket.AF_UNIX) as sock:
     sock.connect(os.environ["IPYBOX_TOOL_SOCKET"])
-    sock.sendall(line(1, "slow", {"seconds": 0.2}) + line(2, "add", {"a": 2, "b": 2}))
+    sock.sendall(lines)
     reader = sock.makefile("rb")
-    print(json.dumps([json.loads(reader.readline()) for _ in range(2)]))
+    print(json.dumps([json.loads(reader.readline()) for _ in range(replies)]))
 """
 
 
@@ -741,17 +746,3 @@ def test_every_foreign_error_leaves_the_boundary_as_one_tool_call_failure(
     assert caught.value.kind == kind
     assert caught.value.message.startswith("srv.tool") and text in caught.value.message
     assert "secret" not in caught.value.message
-
-
-# Two request lines in one write; read the first reply and hang up.
-_TWO_REQUESTS_THEN_GONE = """
-import json, os, socket
-token = os.environ["IPYBOX_TOOL_TOKEN"]
-def line(seq, tool, arguments):
-    fields = {"token": token, "seq": seq, "server": "test", "tool": tool, "arguments": arguments}
-    return json.dumps(fields).encode() + b"\\n"
-with socket.socket(socket.AF_UNIX) as sock:
-    sock.connect(os.environ["IPYBOX_TOOL_SOCKET"])
-    sock.sendall(line(1, "add", {"a": 1, "b": 2}) + line(2, "delete_item", {"item_id": "7"}))
-    print(sock.makefile("rb").readline().decode())
-"""
